@@ -1,0 +1,1 @@
+//! oncely-producer: the Rust SDK agents use to enqueue actions.

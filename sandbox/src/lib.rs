@@ -1,0 +1,1 @@
+//! oncely-sandbox: a stand-in for outside APIs.

@@ -1,0 +1,1 @@
+//! oncely integration-test support: fresh databases, unique queue prefixes, spawned binaries.

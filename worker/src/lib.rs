@@ -1,0 +1,1 @@
+//! oncely-worker: action workers, reconciler, providers, admin.
