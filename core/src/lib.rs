@@ -1,1 +1,23 @@
-//! oncely-core.
+//! oncely-core: what every oncely process shares.
+//!
+//! # Layout
+//! - [`canonical`]: canonical JSON, byte-for-byte the article's Python.
+//! - [`identity`]: the business identity and [`ActionType`].
+//! - [`keys`]: idempotency keys, payload hashes, the key secret.
+//! - [`intent`]: intents and the `oncely.intent.v1` envelope, parsed at the edge.
+//! - [`status`]: the status set and the one transition table.
+//! - [`db`]: connecting, creating and migrating the database.
+//! - [`journal`]: the operations journal — the only module with SQL.
+
+pub mod canonical;
+pub mod db;
+pub mod identity;
+pub mod intent;
+pub mod journal;
+pub mod keys;
+pub mod status;
+
+pub use identity::{ActionType, BusinessIdentity};
+pub use intent::{Envelope, Intent};
+pub use keys::{IdempotencyKey, KeySecret, PayloadHash};
+pub use status::Status;

@@ -1,0 +1,132 @@
+//! Connecting to Postgres, creating the database, applying migrations.
+//!
+//! Errors name the server and database but never echo the URL, which may hold a
+//! password. The migrations in `migrations/` are embedded at compile time, so a binary
+//! always carries exactly the schema it was written for.
+
+use sqlx::migrate::{MigrateDatabase, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The embedded migrations.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+/// Why the database could not be reached or prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// `DATABASE_URL` is not a valid Postgres URL.
+    #[error("DATABASE_URL is not a valid postgres:// URL: {0}")]
+    BadUrl(String),
+    /// The server refused or could not be reached.
+    #[error("cannot connect to Postgres database {target}: {source}")]
+    Connect {
+        /// `user@host:port/db`, without password.
+        target: String,
+        /// The driver's error.
+        source: sqlx::Error,
+    },
+    /// Creating the database failed.
+    #[error("cannot create database {target}: {source}")]
+    Create {
+        /// `user@host:port/db`, without password.
+        target: String,
+        /// The driver's error.
+        source: sqlx::Error,
+    },
+    /// A migration failed.
+    #[error("migrating {target} failed: {source}")]
+    Migrate {
+        /// `user@host:port/db`, without password.
+        target: String,
+        /// The migrator's error.
+        source: sqlx::migrate::MigrateError,
+    },
+}
+
+/// `user@host:port/db` for messages: enough to find the server, no secret.
+pub fn describe(url: &str) -> String {
+    match PgConnectOptions::from_str(url) {
+        Ok(o) => format!(
+            "{}@{}:{}/{}",
+            o.get_username(),
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap_or("(default)")
+        ),
+        Err(_) => "(unparseable URL)".into(),
+    }
+}
+
+/// Pool settings for a process.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    /// Most connections this process opens.
+    pub max_connections: u32,
+    /// How long to wait for a free connection before failing (retryable).
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self { max_connections: 8, acquire_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// Connect a pool (the database must exist).
+pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, DbError> {
+    let opts = PgConnectOptions::from_str(url).map_err(|e| DbError::BadUrl(e.to_string()))?;
+    PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
+        .connect_with(opts)
+        .await
+        .map_err(|source| DbError::Connect { target: describe(url), source })
+}
+
+/// Create the database named in `url` if it does not exist. Returns whether it created it.
+pub async fn create_if_missing(url: &str) -> Result<bool, DbError> {
+    PgConnectOptions::from_str(url).map_err(|e| DbError::BadUrl(e.to_string()))?;
+    let exists = Postgres::database_exists(url)
+        .await
+        .map_err(|source| DbError::Connect { target: describe(url), source })?;
+    if exists {
+        return Ok(false);
+    }
+    match Postgres::create_database(url).await {
+        Ok(()) => Ok(true),
+        // Another process created it between our check and our CREATE: fine.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => Ok(false),
+        Err(source) => Err(DbError::Create { target: describe(url), source }),
+    }
+}
+
+/// Apply every pending migration (idempotent; concurrent callers serialise on a lock).
+pub async fn migrate(pool: &PgPool, url_for_messages: &str) -> Result<(), DbError> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .map_err(|source| DbError::Migrate { target: describe(url_for_messages), source })
+}
+
+/// Create if missing, connect and migrate: what `oncely-worker migrate` and every
+/// process start do.
+pub async fn prepare(url: &str, settings: &PoolSettings) -> Result<PgPool, DbError> {
+    create_if_missing(url).await?;
+    let pool = connect(url, settings).await?;
+    migrate(&pool, url).await?;
+    Ok(pool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_hides_the_password() {
+        let d = describe("postgres://alice:hunter2@db.example:6543/oncely");
+        assert_eq!(d, "alice@db.example:6543/oncely");
+        assert!(!d.contains("hunter2"));
+    }
+}

@@ -1,0 +1,188 @@
+//! The claim: one statement that inserts-or-takes the lease, for a whole batch.
+//!
+//! ```sql
+//! INSERT … SELECT … 'executing', attempt 1, now() + lease FROM unnest(…)
+//! ON CONFLICT (idempotency_key) DO UPDATE SET status = 'executing', attempt_count + 1, …
+//!   WHERE o.status IN ('planned', 'failed_retryable') AND (lease_until IS NULL OR lease_until <= now())
+//!     AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type
+//! RETURNING …
+//! ```
+//! Why one statement: a separate insert and update would each need a round trip and
+//! (the trap DESIGN.md warns of) `WITH ins AS (INSERT … DO NOTHING) UPDATE …` does not
+//! work, because both parts see the same snapshot. `ON CONFLICT DO UPDATE` locks the
+//! existing row and re-checks the `WHERE` on its latest version, so two workers racing
+//! for one key cannot both win. Postgres refuses to update one row twice in one
+//! statement, so a key repeated in a batch is folded first; its later occurrences are
+//! reported as not claimed (the row is then `executing` under this very claim).
+//!
+//! `executing` is deliberately absent from the claimable statuses: an expired lease
+//! means a worker may have died mid-call, which is an *unknown*, and only the sweeper
+//! (via `unknown` and the reconciler) may move it on.
+
+use super::operation::Operation;
+use super::record::Columns;
+use super::{Journal, JournalError};
+use crate::intent::Envelope;
+use crate::keys::IdempotencyKey;
+use crate::status::{Move, Status, transition};
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+/// One delivery to claim.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The checked envelope (the row is inserted from it if the producer did not).
+    pub envelope: &'a Envelope,
+    /// The lease length (from the action's policy).
+    pub lease: Duration,
+}
+
+/// A won claim: this worker may call the provider for `attempt` until `lease_until`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The key.
+    pub key: IdempotencyKey,
+    /// The attempt number: present it when completing.
+    pub attempt: i32,
+    /// The lease's end (database clock).
+    pub lease_until: DateTime<Utc>,
+    /// When the first attempt of this operation started.
+    pub first_attempt_at: DateTime<Utc>,
+}
+
+/// Why a delivery was not claimed: the worker decides from this without calling anyone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotClaimed {
+    /// `succeeded` / `failed_final`: a redelivery; the saved result stands.
+    Terminal,
+    /// `executing` under a live lease: its owner (maybe this very batch) has it.
+    LeaseLive,
+    /// `executing` with an expired lease: the sweeper turns it into `unknown`.
+    LeaseExpired,
+    /// `unknown`: the reconciler owns it.
+    Unknown,
+    /// `failed_retryable` not yet due.
+    NotDue,
+    /// Same key, different action type or payload: refused, never executed.
+    Conflict,
+    /// Claimable by its status but not claimed (a concurrent change): deliver again.
+    Raced,
+}
+
+/// The result of claiming one delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    /// This worker holds the lease.
+    Claimed(Claim),
+    /// Someone or something else owns the operation; the row as it is now.
+    NotClaimed {
+        /// Why.
+        why: NotClaimed,
+        /// The current row.
+        op: Box<Operation>,
+    },
+}
+
+impl Journal {
+    /// Claim a batch in one statement; one outcome per request, in order.
+    pub async fn claim(&self, requests: &[ClaimRequest<'_>], owner: &str) -> Result<Vec<ClaimOutcome>, JournalError> {
+        debug_assert!(transition(Some(Status::Planned), Status::Executing) == Some(Move::Claim));
+        debug_assert!(transition(Some(Status::FailedRetryable), Status::Executing) == Some(Move::Claim));
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity(requests.len());
+        let mut cols = Columns::default();
+        let mut leases: Vec<f64> = Vec::with_capacity(requests.len());
+        for (i, r) in requests.iter().enumerate() {
+            if let std::collections::hash_map::Entry::Vacant(v) = first.entry(r.envelope.key.as_str()) {
+                v.insert(i);
+                cols.push(r.envelope);
+                leases.push(r.lease.as_secs_f64());
+            }
+        }
+        let rows = sqlx::query(
+            "INSERT INTO agent_operations AS o (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
+                 revision, payload_hash, payload, status, attempt_count, lease_until, lease_owner, first_attempt_at, \
+                 last_actor, last_reason) \
+             SELECT k, a, t, w, s, b, r, h, p::jsonb, 'executing', 1, now() + make_interval(secs => l), $11, now(), $11, 'claim' \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
+                         $8::text[], $9::text[], $10::float8[]) AS x(k, a, t, w, s, b, r, h, p, l) \
+             ON CONFLICT (idempotency_key) DO UPDATE SET \
+                 status = 'executing', attempt_count = o.attempt_count + 1, lease_until = EXCLUDED.lease_until, \
+                 lease_owner = EXCLUDED.lease_owner, first_attempt_at = coalesce(o.first_attempt_at, EXCLUDED.first_attempt_at), \
+                 last_actor = EXCLUDED.last_actor, last_reason = 'claim', updated_at = now() \
+             WHERE o.status IN ('planned', 'failed_retryable') \
+               AND (o.lease_until IS NULL OR o.lease_until <= now()) \
+               AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type \
+             RETURNING idempotency_key, attempt_count, lease_until, first_attempt_at",
+        )
+        .bind(&cols.keys)
+        .bind(&cols.action_types)
+        .bind(&cols.tenants)
+        .bind(&cols.workflows)
+        .bind(&cols.steps)
+        .bind(&cols.objects)
+        .bind(&cols.revisions)
+        .bind(&cols.hashes)
+        .bind(&cols.payloads)
+        .bind(&leases)
+        .bind(owner)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut claimed: HashMap<String, Claim> = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let key: String = row.try_get(0)?;
+            let claim = Claim {
+                key: IdempotencyKey::parse(&key).map_err(|e| sqlx::Error::Decode(e.into()))?,
+                attempt: row.try_get(1)?,
+                lease_until: row.try_get(2)?,
+                first_attempt_at: row.try_get(3)?,
+            };
+            claimed.insert(key, claim);
+        }
+
+        let won = |i: usize, key: &str| claimed.contains_key(key) && first[key] == i;
+        let to_read: Vec<String> = requests
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| !won(*i, r.envelope.key.as_str()))
+            .map(|(_, r)| r.envelope.key.as_str().to_owned())
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let current = self.get_many_by_text(&to_read).await?;
+        let mut out = Vec::with_capacity(requests.len());
+        for (i, r) in requests.iter().enumerate() {
+            let key = r.envelope.key.as_str();
+            if won(i, key) {
+                out.push(ClaimOutcome::Claimed(claimed[key].clone()));
+                continue;
+            }
+            // A row that vanished between the statements was purged: it was terminal.
+            let Some(op) = current.get(key) else {
+                return Err(JournalError::Database(sqlx::Error::RowNotFound));
+            };
+            let why = classify(op, r.envelope);
+            out.push(ClaimOutcome::NotClaimed { why, op: Box::new(op.clone()) });
+        }
+        Ok(out)
+    }
+}
+
+/// Why an existing row was not claimed for this envelope.
+fn classify(op: &Operation, envelope: &Envelope) -> NotClaimed {
+    if op.payload_hash != envelope.payload_hash.as_str() || op.action_type != envelope.intent.identity.action_type.as_str() {
+        return NotClaimed::Conflict;
+    }
+    match op.status {
+        Status::Succeeded | Status::FailedFinal => NotClaimed::Terminal,
+        Status::Executing if op.lease_live => NotClaimed::LeaseLive,
+        Status::Executing => NotClaimed::LeaseExpired,
+        Status::Unknown => NotClaimed::Unknown,
+        Status::FailedRetryable if op.lease_live => NotClaimed::NotDue,
+        Status::FailedRetryable | Status::Planned => NotClaimed::Raced,
+    }
+}

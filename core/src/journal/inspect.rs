@@ -1,0 +1,64 @@
+//! Reads: one operation, a workflow, the audit trail, and the article's two
+//! inspection queries. Nothing here writes except [`Journal::record_conflict`], which
+//! adds an audit row (not a transition) when a conflicting intent is refused.
+
+use super::operation::{select_operations, Event, Operation};
+use super::{Journal, JournalError};
+use crate::keys::{IdempotencyKey, PayloadHash};
+
+impl Journal {
+    /// The operation for `key`, if any.
+    pub async fn get(&self, key: &IdempotencyKey) -> Result<Option<Operation>, JournalError> {
+        Ok(sqlx::query_as(select_operations!("WHERE idempotency_key = $1"))
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// The article's first query: a workflow's operations in creation order.
+    pub async fn by_workflow(&self, workflow_id: &str) -> Result<Vec<Operation>, JournalError> {
+        Ok(sqlx::query_as(select_operations!("WHERE workflow_id = $1 ORDER BY created_at, idempotency_key"))
+        .bind(workflow_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The article's second query: keys with more than one row. Empty while the primary
+    /// key holds — it is a check on the schema, not on the code.
+    pub async fn keys_with_several_rows(&self) -> Result<Vec<(String, i64)>, JournalError> {
+        Ok(sqlx::query_as(
+            "SELECT idempotency_key, count(*) AS rows_per_key FROM agent_operations \
+             GROUP BY idempotency_key HAVING count(*) > 1",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The audit trail of one operation, oldest first.
+    pub async fn events(&self, key: &IdempotencyKey) -> Result<Vec<Event>, JournalError> {
+        Ok(sqlx::query_as(
+            "SELECT id, idempotency_key, from_status, to_status, attempt, actor, reason, error_code, \
+                 provider_operation_id, at FROM operation_events WHERE idempotency_key = $1 ORDER BY id",
+        )
+        .bind(key.as_str())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Record that an intent with this key but another payload (or action type) was
+    /// refused: an audit row with `reason = 'conflict'` and the offered hash as error
+    /// detail; the operation itself is unchanged.
+    pub async fn record_conflict(&self, key: &IdempotencyKey, offered: &PayloadHash, actor: &str) -> Result<(), JournalError> {
+        sqlx::query(
+            "INSERT INTO operation_events (idempotency_key, from_status, to_status, attempt, actor, reason, error_code) \
+             SELECT idempotency_key, status, status, attempt_count, $2, 'conflict', $3 \
+             FROM agent_operations WHERE idempotency_key = $1",
+        )
+        .bind(key.as_str())
+        .bind(actor)
+        .bind(format!("conflicting_payload {}", offered.as_str()))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

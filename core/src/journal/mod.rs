@@ -1,0 +1,47 @@
+//! The operations journal: the only module with SQL.
+//!
+//! Postgres is the source of truth; RabbitMQ only delivers and wakes. Every write here is
+//! one statement that commits at once (no transaction is ever held across a provider
+//! call), works on a batch of operations, and takes its clock from the database
+//! (`now()`), so lease arithmetic does not depend on any worker's clock. Every status
+//! change is compare-and-set on the expected status and attempt, checked first against
+//! the transition table in [`crate::status`]; the trigger in the migration writes one
+//! event row per transition, with the actor and reason the statement set.
+//!
+//! # Layout
+//! - [`operation`]: the row type and the journal's error.
+//! - [`record`]: record intents (`planned`), telling duplicates from conflicts.
+//! - [`claim`]: the one-statement insert-or-claim with a lease.
+//! - [`complete`]: compare-and-set outcomes.
+//! - [`inspect`]: reads — by key, by workflow, events, the article's queries.
+
+pub mod claim;
+pub mod complete;
+pub mod inspect;
+pub mod operation;
+pub mod record;
+
+pub use claim::{Claim, ClaimOutcome, ClaimRequest, NotClaimed};
+pub use complete::{Completion, Verdict};
+pub use operation::{Event, JournalError, Operation};
+pub use record::Recorded;
+
+use sqlx::PgPool;
+
+/// A handle on the journal (cheap to clone: it is a pool).
+#[derive(Debug, Clone)]
+pub struct Journal {
+    pool: PgPool,
+}
+
+impl Journal {
+    /// A journal over a connected, migrated pool.
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// The pool (for health checks and tests).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}

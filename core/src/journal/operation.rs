@@ -1,0 +1,179 @@
+//! The journal's row type, its event type, and its error.
+
+use crate::keys::IdempotencyKey;
+use crate::status::Status;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, Row};
+
+/// One operation (a row of `agent_operations`), as read with the database's clock.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Operation {
+    /// The idempotency key.
+    pub key: IdempotencyKey,
+    /// The action type.
+    pub action_type: String,
+    /// The tenant, if any.
+    pub tenant: Option<String>,
+    /// The workflow.
+    pub workflow_id: String,
+    /// The step.
+    pub step: String,
+    /// The business object.
+    pub business_object: String,
+    /// The revision.
+    pub revision: i64,
+    /// `sha256:…` of the payload.
+    pub payload_hash: String,
+    /// The payload, while the operation is live (NULL once terminal).
+    #[serde(skip)]
+    pub payload: Option<Value>,
+    /// The status.
+    pub status: Status,
+    /// Attempts so far (the fencing token).
+    pub attempt_count: i32,
+    /// The provider's id for the effect.
+    pub provider_operation_id: Option<String>,
+    /// The saved result.
+    pub result_json: Option<Value>,
+    /// The last error code.
+    pub last_error_code: Option<String>,
+    /// Lease end / not-before / next check (see the migration).
+    pub lease_until: Option<DateTime<Utc>>,
+    /// The worker holding the lease.
+    pub lease_owner: Option<String>,
+    /// When the first attempt started.
+    pub first_attempt_at: Option<DateTime<Utc>>,
+    /// How many times the reconciler asked the provider.
+    pub reconcile_checks: i32,
+    /// Who made the last transition.
+    pub last_actor: String,
+    /// Why.
+    pub last_reason: String,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last changed.
+    pub updated_at: DateTime<Utc>,
+    /// `lease_until > now()` by the database's clock at read time.
+    pub lease_live: bool,
+}
+
+/// `SELECT <every column> FROM agent_operations <rest>` as a static string (sqlx wants
+/// SQL it can see is not built from input), with `lease_live` computed by the server.
+macro_rules! select_operations {
+    ($rest:literal) => {
+        concat!("SELECT idempotency_key, action_type, tenant, workflow_id, step, business_object, revision, \
+     payload_hash, payload, status, attempt_count, provider_operation_id, result_json, last_error_code, \
+     lease_until, lease_owner, first_attempt_at, reconcile_checks, last_actor, last_reason, created_at, updated_at, \
+     coalesce(lease_until > now(), false) AS lease_live FROM agent_operations ", $rest)
+    };
+}
+pub(crate) use select_operations;
+
+fn decode<T: std::fmt::Display>(col: &str, e: T) -> sqlx::Error {
+    sqlx::Error::ColumnDecode { index: col.into(), source: e.to_string().into() }
+}
+
+impl<'r> FromRow<'r, PgRow> for Operation {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        let key: String = row.try_get("idempotency_key")?;
+        let status: String = row.try_get("status")?;
+        Ok(Self {
+            key: IdempotencyKey::parse(&key).map_err(|e| decode("idempotency_key", e))?,
+            action_type: row.try_get("action_type")?,
+            tenant: row.try_get("tenant")?,
+            workflow_id: row.try_get("workflow_id")?,
+            step: row.try_get("step")?,
+            business_object: row.try_get("business_object")?,
+            revision: row.try_get("revision")?,
+            payload_hash: row.try_get("payload_hash")?,
+            payload: row.try_get("payload")?,
+            status: status.parse().map_err(|e| decode("status", e))?,
+            attempt_count: row.try_get("attempt_count")?,
+            provider_operation_id: row.try_get("provider_operation_id")?,
+            result_json: row.try_get("result_json")?,
+            last_error_code: row.try_get("last_error_code")?,
+            lease_until: row.try_get("lease_until")?,
+            lease_owner: row.try_get("lease_owner")?,
+            first_attempt_at: row.try_get("first_attempt_at")?,
+            reconcile_checks: row.try_get("reconcile_checks")?,
+            last_actor: row.try_get("last_actor")?,
+            last_reason: row.try_get("last_reason")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+            lease_live: row.try_get("lease_live")?,
+        })
+    }
+}
+
+/// One row of the audit trail.
+#[derive(Debug, Clone, PartialEq, Serialize, FromRow)]
+pub struct Event {
+    /// Sequence number.
+    pub id: i64,
+    /// The operation.
+    pub idempotency_key: String,
+    /// Status before (NULL for the row's creation).
+    pub from_status: Option<String>,
+    /// Status after.
+    pub to_status: String,
+    /// The attempt number after the move.
+    pub attempt: i32,
+    /// Who: a worker id, `reconciler@…`, `sweeper@…`, or a person.
+    pub actor: String,
+    /// Why: a reason code (`claim`, `provider_succeeded`, `lease_expired`, …).
+    pub reason: String,
+    /// The error code at the time, if any.
+    pub error_code: Option<String>,
+    /// The provider id at the time, if any.
+    pub provider_operation_id: Option<String>,
+    /// When (database clock).
+    pub at: DateTime<Utc>,
+}
+
+/// What went wrong talking to the journal; [`JournalError::is_retryable`] is the decision.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// The database could not be reached or dropped the connection: retry with backoff.
+    #[error("journal unavailable (retryable): {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// The database refused the statement: a bug or a schema mismatch, not retryable.
+    #[error("journal statement failed: {0}")]
+    Database(#[source] sqlx::Error),
+    /// The caller asked for a move the transition table does not have.
+    #[error("transition {from} -> {to} does not exist")]
+    InvalidTransition {
+        /// From.
+        from: String,
+        /// To.
+        to: Status,
+    },
+}
+
+impl JournalError {
+    /// Whether the same call may succeed later (connection trouble, not a refusal).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+impl From<sqlx::Error> for JournalError {
+    fn from(e: sqlx::Error) -> Self {
+        let transient = match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Protocol(_) => true,
+            // 08xxx connection exceptions, 57P01..03 admin/crash shutdown (pg_terminate_backend),
+            // 53xxx insufficient resources, 40001/40P01 serialization failure / deadlock.
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+                c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") || c == "40001" || c == "40P01"
+            }),
+            _ => false,
+        };
+        if transient { Self::Unavailable(e) } else { Self::Database(e) }
+    }
+}
