@@ -6,16 +6,20 @@
 //! - [`keys`]: idempotency keys, payload hashes, the key secret.
 //! - [`intent`]: intents and the `oncely.intent.v1` envelope, parsed at the edge.
 //! - [`status`]: the status set and the one transition table.
+//! - [`config`]: policies and providers (TOML + env overrides).
 //! - [`db`]: connecting, creating and migrating the database.
 //! - [`journal`]: the operations journal — the only module with SQL.
+//! - [`telemetry`]: logging setup.
 
 pub mod canonical;
+pub mod config;
 pub mod db;
 pub mod identity;
 pub mod intent;
 pub mod journal;
 pub mod keys;
 pub mod status;
+pub mod telemetry;
 
 pub use identity::{ActionType, BusinessIdentity};
 pub use intent::{Envelope, Intent};

@@ -1,1 +1,108 @@
-//! oncely-sandbox: a stand-in for outside APIs.
+//! oncely-sandbox: a fake outside world for oncely's tests, demo and benchmarks.
+//!
+//! Why it exists: oncely's job is to make an agent's side effects (an email,
+//! a ticket, a payment order) happen exactly once although workers crash,
+//! time out and retry. Proving that needs providers that behave like careful
+//! real ones — idempotency keys, replays, 409/422, lookups — and that can be
+//! told to fail in the nasty ways real ones do (accept then time out, accept
+//! then reset, forget keys…), while counting, as ground truth, how many times
+//! each effect really happened. That is this crate: a real HTTP/1.1 server
+//! ([`spawn`]) plus a client for its control API ([`control::Client`]).
+//! See `docs/sandbox.md` for every endpoint.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+mod conn;
+pub mod control;
+mod effects;
+mod faults;
+mod injector;
+mod provider;
+mod rng;
+mod server;
+mod state;
+mod stats;
+mod store;
+
+pub use effects::{EffectCount, Effects, KeyEffects};
+pub use faults::{
+    DEFAULT_ERROR_STATUS, DEFAULT_HOLD_MS, FaultConfigError, FaultMode, FaultRule, Faults,
+};
+pub use provider::Provider;
+pub use rng::SplitMix64;
+pub use server::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use stats::{FaultCounts, PerProvider, Stats};
+pub use store::{RecordStatus, RecordView};
+
+/// A running sandbox server. Dropping it stops the server too (without
+/// waiting); [`Sandbox::shutdown`] stops it and waits.
+#[derive(Debug)]
+pub struct Sandbox {
+    addr: SocketAddr,
+    state: Arc<state::State>,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Binds `listen` (port 0 picks a free port) and serves in a background task.
+pub async fn spawn(listen: SocketAddr) -> anyhow::Result<Sandbox> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let state = Arc::new(state::State::new());
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let router = server::router(server::App {
+        state: state.clone(),
+        shutdown: shutdown_rx.clone(),
+    });
+    let task = tokio::spawn(conn::accept_loop(listener, router, shutdown_rx));
+    tracing::info!(%addr, "sandbox listening");
+    Ok(Sandbox {
+        addr,
+        state,
+        shutdown,
+        task,
+    })
+}
+
+impl Sandbox {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://IP:PORT` of the server.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A control API client for this server.
+    pub fn control(&self) -> control::Client {
+        control::Client::new(&self.base_url())
+    }
+
+    /// Installs a fault config directly (same validation as `PUT /control/faults`).
+    pub fn set_faults(&self, faults: Faults) -> Result<(), FaultConfigError> {
+        self.state.set_faults(faults)
+    }
+
+    /// The ground-truth effect ledger, read directly.
+    pub fn effects(&self) -> Effects {
+        self.state.effects()
+    }
+
+    /// Stops accepting, lets open requests finish (briefly), and waits.
+    pub async fn shutdown(self) {
+        self.shutdown.send_replace(true);
+        if let Err(e) = self.task.await {
+            tracing::warn!(error = %e, "sandbox task ended abnormally");
+        }
+        tracing::info!(addr = %self.addr, "sandbox stopped");
+    }
+}

@@ -1,0 +1,26 @@
+//! Logging setup shared by every binary.
+//!
+//! JSON lines when stderr is not a terminal (containers, CI, log shippers) or when
+//! `ONCELY_LOG_FORMAT=json`; human-readable when it is a terminal or
+//! `ONCELY_LOG_FORMAT=pretty`. `RUST_LOG` filters (default `info`). Logs carry keys,
+//! action types, workflows and attempts — never payloads or secrets: no code path
+//! formats a payload or a [`crate::KeySecret`] into a log line.
+
+use std::io::IsTerminal;
+use tracing_subscriber::EnvFilter;
+
+/// Install the global subscriber (once; later calls are no-ops).
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = match std::env::var("ONCELY_LOG_FORMAT").as_deref() {
+        Ok("json") => true,
+        Ok("pretty") => false,
+        _ => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().flatten_event(true).with_current_span(true).try_init()
+    } else {
+        builder.try_init()
+    };
+}

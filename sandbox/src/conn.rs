@@ -1,0 +1,141 @@
+//! Accepting TCP connections and serving each one, with the ability to drop it.
+//!
+//! Why not `axum::serve`: two faults need a handler to act on its own
+//! connection — `accept_then_reset` must cut it abruptly (an RST, via
+//! `SO_LINGER` 0) and `accept_then_timeout` must close it without answering.
+//! So every accepted socket gets its own hyper HTTP/1 connection task, and
+//! every request on it carries a [`ConnSignal`] (a request extension) through
+//! which the handler tells that task to drop the connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::Request;
+use hyper::body::Incoming;
+use hyper::service::{Service as _, service_fn};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// How long open connections may finish their requests after shutdown starts.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// How a handler wants its connection to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Abort {
+    /// Close quietly (FIN), no response.
+    Close,
+    /// Close abruptly (RST), no response.
+    Reset,
+}
+
+/// A handler's line to the task serving its connection.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnSignal(Arc<watch::Sender<Option<Abort>>>);
+
+impl ConnSignal {
+    /// Close the connection without answering.
+    pub fn close(&self) {
+        self.0.send_replace(Some(Abort::Close));
+    }
+
+    /// Reset the connection without answering.
+    pub fn reset(&self) {
+        self.0.send_replace(Some(Abort::Reset));
+    }
+}
+
+/// Resolves once shutdown was requested (or the requester is gone).
+pub(crate) async fn shutdown_requested(rx: &mut watch::Receiver<bool>) {
+    while !*rx.borrow_and_update() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Serves `listener` until `shutdown` flips, then drains connections.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    tracing::debug!(%peer, "connection accepted");
+                    conns.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+                }
+                Err(e) => {
+                    // Typically EMFILE; back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            () = shutdown_requested(&mut shutdown) => break,
+        }
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(1), async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        conns.abort_all();
+    }
+    tracing::debug!("accept loop stopped");
+}
+
+async fn serve_connection(stream: TcpStream, router: Router, mut shutdown: watch::Receiver<bool>) {
+    let _ = stream.set_nodelay(true);
+    let (tx, mut abort) = watch::channel(None);
+    let signal = ConnSignal(Arc::new(tx));
+    let tower = TowerToHyperService::new(router);
+    let service = service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(signal.clone());
+        tower.call(req)
+    });
+    let mut conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .title_case_headers(true)
+        .serve_connection(TokioIo::new(stream), service);
+    let grace = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(grace);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            done = &mut conn => {
+                if let Err(e) = done {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            changed = abort.changed() => {
+                let action = *abort.borrow();
+                match (changed, action) {
+                    (Ok(()), Some(Abort::Reset)) => {
+                        let parts = conn.into_parts();
+                        if let Err(e) = parts.io.inner().set_zero_linger() {
+                            tracing::debug!(error = %e, "SO_LINGER 0 failed; plain close");
+                        }
+                        return;
+                    }
+                    (Ok(()), Some(Abort::Close)) | (Err(_), _) => return,
+                    (Ok(()), None) => {}
+                }
+            }
+            () = shutdown_requested(&mut shutdown), if !draining => {
+                draining = true;
+                std::pin::Pin::new(&mut conn).graceful_shutdown();
+                grace.as_mut().reset(tokio::time::Instant::now() + SHUTDOWN_GRACE);
+            }
+            () = &mut grace, if draining => return,
+        }
+    }
+}

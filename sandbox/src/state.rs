@@ -1,0 +1,281 @@
+//! Everything the sandbox knows, behind one lock, and the execute protocol.
+//!
+//! Why one lock: an execute request touches the store, the fault generator,
+//! the effect ledger and the stats, and the guarantees tests rely on (a seed
+//! and a request order fix the fault decisions; an effect is counted exactly
+//! when a record is committed) hold only if each step sees all of them at
+//! once. The lock is a plain `std::sync::Mutex` and is never held across an
+//! `.await`.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::effects::{Effects, Ledger};
+use crate::faults::{FaultConfigError, FaultMode, Faults};
+use crate::injector::{Decision, Injector};
+use crate::provider::Provider;
+use crate::stats::Stats;
+use crate::store::{Arrival, Completion, RecordView, SavedResponse, Store};
+
+/// The first step's verdict on an execute request.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// 422 `idempotency_key_reused`.
+    Conflict,
+    /// 409 `request_in_progress`.
+    InFlight,
+    /// Replay this saved answer.
+    Replay(SavedResponse),
+    /// New key, now in flight: wait `delay`, then call [`State::finish`].
+    Admitted(Ticket),
+}
+
+/// An admitted request, carried from [`State::begin`] to [`State::finish`].
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    pub provider: Provider,
+    pub key: String,
+    ordinal: u64,
+    pub delay: Duration,
+    mode: Option<FaultMode>,
+    status: u16,
+    pub hold: Duration,
+}
+
+/// How an admitted request must be answered.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Finish {
+    /// Send this response.
+    Respond(SavedResponse),
+    /// Committed; hold the request this long, then close without answering.
+    Timeout(Duration),
+    /// Committed; drop the connection abruptly without answering.
+    Reset,
+}
+
+/// The answer to a lookup.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Lookup {
+    Disabled,
+    NotFound,
+    Found(RecordView),
+}
+
+/// What to look a record up by.
+#[derive(Debug)]
+pub(crate) enum LookupBy<'a> {
+    Key(&'a str),
+    Reference(&'a str),
+}
+
+#[derive(Debug)]
+struct Inner {
+    stores: [Store; 3],
+    ledger: Ledger,
+    stats: Stats,
+    injector: Injector,
+}
+
+/// The sandbox's whole state.
+#[derive(Debug)]
+pub(crate) struct State {
+    inner: Mutex<Inner>,
+}
+
+fn unavailable(status: u16) -> SavedResponse {
+    SavedResponse {
+        status,
+        body: json!({"error": "unavailable"}),
+    }
+}
+
+impl State {
+    pub fn new() -> Self {
+        State {
+            inner: Mutex::new(Inner {
+                stores: Provider::ALL.map(Store::new),
+                ledger: Ledger::default(),
+                stats: Stats::default(),
+                injector: Injector::new(Faults::default()),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the data half-written in
+        // a way that matters to a test double; keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Step one of an execute request: classify it; a new key is marked in
+    /// flight and its fault is decided now, in arrival order.
+    pub fn begin(&self, provider: Provider, key: &str, body: &Value, body_hash: &str) -> Begin {
+        let reference = body.get("business_reference").and_then(Value::as_str);
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        inner.stats.execute(provider);
+        let forget = inner.injector.forget_after();
+        let store = &mut inner.stores[provider.index()];
+        match store.arrive(key, body_hash, reference, Instant::now(), forget) {
+            Arrival::Conflict => {
+                inner.stats.conflicts_422 += 1;
+                Begin::Conflict
+            }
+            Arrival::InFlight => {
+                inner.stats.in_flight_409 += 1;
+                Begin::InFlight
+            }
+            Arrival::Replay(saved) => {
+                inner.stats.replays += 1;
+                Begin::Replay(saved)
+            }
+            Arrival::Admitted(ordinal) => {
+                let Decision { delay, rule } = inner.injector.decide(provider, key);
+                if let Some(rule) = &rule {
+                    inner.stats.fault(rule.mode);
+                }
+                Begin::Admitted(Ticket {
+                    provider,
+                    key: key.to_owned(),
+                    ordinal,
+                    delay,
+                    mode: rule.as_ref().map(|r| r.mode),
+                    status: rule.as_ref().map_or(503, |r| r.status),
+                    hold: Duration::from_millis(rule.as_ref().map_or(0, |r| r.hold_ms)),
+                })
+            }
+        }
+    }
+
+    /// Step two, after the ticket's delay: apply the decided fault or commit.
+    pub fn finish(&self, ticket: &Ticket) -> Finish {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let store = &mut inner.stores[ticket.provider.index()];
+        let now = Instant::now();
+        let completion = match ticket.mode {
+            Some(FaultMode::ErrorBeforeCommit) => {
+                store.release(&ticket.key, ticket.ordinal);
+                return Finish::Respond(unavailable(ticket.status));
+            }
+            Some(FaultMode::Reject) => Completion::Rejected,
+            _ => Completion::Succeeded,
+        };
+        let Some(saved) = store.complete(&ticket.key, ticket.ordinal, completion, now) else {
+            // Wiped by /control/reset while in flight: leave no trace.
+            return Finish::Respond(unavailable(503));
+        };
+        if completion == Completion::Succeeded {
+            inner.ledger.record(ticket.provider, &ticket.key);
+        }
+        match ticket.mode {
+            Some(FaultMode::AcceptThenTimeout) => Finish::Timeout(ticket.hold),
+            Some(FaultMode::AcceptThenReset) => Finish::Reset,
+            _ => Finish::Respond(saved),
+        }
+    }
+
+    pub fn lookup(&self, provider: Provider, by: LookupBy<'_>) -> Lookup {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        inner.stats.lookups += 1;
+        if inner.injector.lookup_disabled(provider) {
+            inner.stats.faults.lookup_disabled += 1;
+            return Lookup::Disabled;
+        }
+        let forget = inner.injector.forget_after();
+        let store = &mut inner.stores[provider.index()];
+        let now = Instant::now();
+        let found = match by {
+            LookupBy::Key(key) => store.by_key(key, now, forget),
+            LookupBy::Reference(reference) => store.by_reference(reference, now, forget),
+        };
+        found.map_or(Lookup::NotFound, Lookup::Found)
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.lock().injector.faults().clone()
+    }
+
+    /// Installs a config and re-seeds the generator (rule use counts restart).
+    pub fn set_faults(&self, faults: Faults) -> Result<(), FaultConfigError> {
+        faults.validate()?;
+        self.lock().injector = Injector::new(faults);
+        Ok(())
+    }
+
+    pub fn effects(&self) -> Effects {
+        self.lock().ledger.snapshot()
+    }
+
+    pub fn effect_count(&self, key: &str) -> u64 {
+        self.lock().ledger.count(key)
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.lock().stats
+    }
+
+    /// Clears records, effects, stats and faults.
+    pub fn reset(&self) {
+        let mut inner = self.lock();
+        for store in &mut inner.stores {
+            store.clear();
+        }
+        inner.ledger = Ledger::default();
+        inner.stats = Stats::default();
+        inner.injector = Injector::new(Faults::default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::FaultRule;
+    use crate::store::body_hash;
+
+    fn begin(s: &State, key: &str, body: &Value) -> Begin {
+        s.begin(Provider::Bank, key, body, &body_hash(body))
+    }
+
+    #[test]
+    fn reject_is_stored_and_replayed_without_effect() {
+        let s = State::new();
+        s.set_faults(Faults {
+            rules: vec![FaultRule::new(FaultMode::Reject).times(1)],
+            ..Faults::default()
+        })
+        .unwrap();
+        let body = json!({"amount": 1});
+        let Begin::Admitted(t) = begin(&s, "k", &body) else {
+            panic!()
+        };
+        let Finish::Respond(r) = s.finish(&t) else {
+            panic!()
+        };
+        assert_eq!(r.status, 422);
+        assert!(matches!(begin(&s, "k", &body), Begin::Replay(ref x) if *x == r));
+        assert_eq!(s.effect_count("k"), 0);
+        let Lookup::Found(v) = s.lookup(Provider::Bank, LookupBy::Key("k")) else {
+            panic!()
+        };
+        assert_eq!(v.status, crate::store::RecordStatus::Rejected);
+        assert_eq!(s.stats().faults.reject, 1);
+    }
+
+    #[test]
+    fn reset_during_flight_leaves_no_trace() {
+        let s = State::new();
+        let body = json!({});
+        let Begin::Admitted(t) = begin(&s, "k", &body) else {
+            panic!()
+        };
+        s.reset();
+        assert_eq!(s.finish(&t), Finish::Respond(unavailable(503)));
+        assert_eq!(s.effects(), Effects::default());
+        assert!(matches!(begin(&s, "k", &body), Begin::Admitted(_)));
+    }
+}
