@@ -169,13 +169,19 @@ mod tests {
 
     #[test]
     fn sorts_keys_and_uses_compact_separators() {
-        assert_eq!(canon(json!({"b": 1, "a": [1, 2, {"d": null, "c": true}]})), r#"{"a":[1,2,{"c":true,"d":null}],"b":1}"#);
+        assert_eq!(
+            canon(json!({"b": 1, "a": [1, 2, {"d": null, "c": true}]})),
+            r#"{"a":[1,2,{"c":true,"d":null}],"b":1}"#
+        );
     }
 
     #[test]
     fn strings_escape_like_python_without_ensure_ascii() {
         // Checked against CPython 3.11: json.dumps("é\"\\\n\t\x01/\u2028", ensure_ascii=False)
-        assert_eq!(canon(json!("é\"\\\n\t\u{1}/\u{2028}")), "\"é\\\"\\\\\\n\\t\\u0001/\u{2028}\"");
+        assert_eq!(
+            canon(json!("é\"\\\n\t\u{1}/\u{2028}")),
+            "\"é\\\"\\\\\\n\\t\\u0001/\u{2028}\""
+        );
         assert_eq!(canon(json!("\u{7f}\u{8}\u{c}\r")), "\"\u{7f}\\b\\f\\r\"");
     }
 
@@ -183,7 +189,10 @@ mod tests {
     fn keys_sort_by_code_point() {
         // Python: sorted(["é", "z", "Z", "a", "😀", "\uffff"]) == ['Z', 'a', 'z', 'é', '\uffff', '😀']
         let v = json!({"é": 1, "z": 2, "Z": 3, "a": 4, "😀": 5, "\u{ffff}": 6});
-        assert_eq!(canon(v), "{\"Z\":3,\"a\":4,\"z\":2,\"é\":1,\"\u{ffff}\":6,\"😀\":5}");
+        assert_eq!(
+            canon(v),
+            "{\"Z\":3,\"a\":4,\"z\":2,\"é\":1,\"\u{ffff}\":6,\"😀\":5}"
+        );
     }
 
     #[test]
@@ -216,6 +225,9 @@ mod tests {
 
     #[test]
     fn integers_keep_full_range() {
-        assert_eq!(canon(json!([i64::MIN, u64::MAX, 0, -1])), format!("[{},{},0,-1]", i64::MIN, u64::MAX));
+        assert_eq!(
+            canon(json!([i64::MIN, u64::MAX, 0, -1])),
+            format!("[{},{},0,-1]", i64::MIN, u64::MAX)
+        );
     }
 }

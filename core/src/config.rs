@@ -62,7 +62,10 @@ pub enum ConfigError {
 }
 
 fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { field: field.into(), problem: problem.into() }
+    ConfigError::Invalid {
+        field: field.into(),
+        problem: problem.into(),
+    }
 }
 
 /// What to do with an operation whose outcome is unknown.
@@ -122,7 +125,13 @@ pub struct WorkerConfig {
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        Self { prefetch: 128, max_in_flight: 64, batch: 64, max_message_bytes: crate::intent::DEFAULT_MAX_ENVELOPE_BYTES, db_connections: 8 }
+        Self {
+            prefetch: 128,
+            max_in_flight: 64,
+            batch: 64,
+            max_message_bytes: crate::intent::DEFAULT_MAX_ENVELOPE_BYTES,
+            db_connections: 8,
+        }
     }
 }
 
@@ -281,7 +290,10 @@ impl Config {
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
         let (text, origin) = match path {
             Some(p) => (
-                std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.display().to_string(), source })?,
+                std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?,
                 p.display().to_string(),
             ),
             None => (DEFAULT_CONFIG.to_owned(), "(built-in default)".to_owned()),
@@ -290,21 +302,37 @@ impl Config {
     }
 
     /// Parse TOML text and apply overrides from `env` (testable without the process env).
-    pub fn from_toml(text: &str, origin: &str, env: impl Iterator<Item = (String, String)>) -> Result<Self, ConfigError> {
-        let mut doc: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse { origin: origin.into(), message: e.to_string() })?;
+    pub fn from_toml(
+        text: &str,
+        origin: &str,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut doc: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.into(),
+            message: e.to_string(),
+        })?;
         for (name, value) in env {
             let path: Vec<String> = match name.as_str() {
                 "DATABASE_URL" => vec!["database_url".into()],
                 "ONCELY_AMQP_URL" => vec!["broker".into(), "url".into()],
                 "ONCELY_PREFIX" => vec!["broker".into(), "prefix".into()],
                 _ => match name.strip_prefix("ONCELY__") {
-                    Some(rest) => rest.split("__").map(|s| s.to_lowercase().replace("_dot_", ".")).collect(),
+                    Some(rest) => rest
+                        .split("__")
+                        .map(|s| s.to_lowercase().replace("_dot_", "."))
+                        .collect(),
                     None => continue,
                 },
             };
-            set_path(&mut doc, &path, &value).map_err(|problem| invalid(format!("{name} (env)"), problem))?;
+            set_path(&mut doc, &path, &value)
+                .map_err(|problem| invalid(format!("{name} (env)"), problem))?;
         }
-        let config: Config = doc.try_into().map_err(|e: toml::de::Error| ConfigError::Parse { origin: origin.into(), message: e.to_string() })?;
+        let config: Config = doc
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse {
+                origin: origin.into(),
+                message: e.to_string(),
+            })?;
         config.validate()?;
         Ok(config)
     }
@@ -316,17 +344,34 @@ impl Config {
 
     /// Cross-field checks: every reference resolves and the numbers make sense.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.broker.prefix.is_empty() || !self.broker.prefix.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
-            return Err(invalid("broker.prefix", "must be non-empty ASCII letters, digits, '.', '_' or '-'"));
+        if self.broker.prefix.is_empty()
+            || !self
+                .broker
+                .prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(invalid(
+                "broker.prefix",
+                "must be non-empty ASCII letters, digits, '.', '_' or '-'",
+            ));
         }
         if !matches!(self.broker.queue_type.as_str(), "quorum" | "classic") {
-            return Err(invalid("broker.queue_type", "must be \"quorum\" or \"classic\""));
+            return Err(invalid(
+                "broker.queue_type",
+                "must be \"quorum\" or \"classic\"",
+            ));
         }
         if self.broker.delivery_limit < 1 {
             return Err(invalid("broker.delivery_limit", "must be at least 1"));
         }
         let w = &self.worker;
-        for (field, v) in [("worker.prefetch", w.prefetch as usize), ("worker.max_in_flight", w.max_in_flight), ("worker.batch", w.batch), ("worker.db_connections", w.db_connections as usize)] {
+        for (field, v) in [
+            ("worker.prefetch", w.prefetch as usize),
+            ("worker.max_in_flight", w.max_in_flight),
+            ("worker.batch", w.batch),
+            ("worker.db_connections", w.db_connections as usize),
+        ] {
             if v == 0 {
                 return Err(invalid(field, "must be at least 1"));
             }
@@ -334,10 +379,16 @@ impl Config {
         for (name, p) in &self.providers {
             let f = |x: &str| format!("providers.{name}.{x}");
             if p.kind != "http" {
-                return Err(invalid(f("kind"), format!("unknown adapter kind {:?}; supported: \"http\"", p.kind)));
+                return Err(invalid(
+                    f("kind"),
+                    format!("unknown adapter kind {:?}; supported: \"http\"", p.kind),
+                ));
             }
             if !p.base_url.starts_with("http://") {
-                return Err(invalid(f("base_url"), "must start with http:// (TLS is terminated by a sidecar)"));
+                return Err(invalid(
+                    f("base_url"),
+                    "must start with http:// (TLS is terminated by a sidecar)",
+                ));
             }
             if !p.execute_path.starts_with('/') {
                 return Err(invalid(f("execute_path"), "must start with '/'"));
@@ -345,21 +396,39 @@ impl Config {
             if !p.lookup_path.is_empty() && !p.lookup_path.contains("{key}") {
                 return Err(invalid(f("lookup_path"), "must contain {key}"));
             }
-            if !p.lookup_by_reference_path.is_empty() && !p.lookup_by_reference_path.contains("{reference}") {
-                return Err(invalid(f("lookup_by_reference_path"), "must contain {reference}"));
+            if !p.lookup_by_reference_path.is_empty()
+                && !p.lookup_by_reference_path.contains("{reference}")
+            {
+                return Err(invalid(
+                    f("lookup_by_reference_path"),
+                    "must contain {reference}",
+                ));
             }
             if p.connect_timeout.is_zero() || p.timeout < p.connect_timeout {
-                return Err(invalid(f("timeout"), "must be at least connect_timeout, and both above zero"));
+                return Err(invalid(
+                    f("timeout"),
+                    "must be at least connect_timeout, and both above zero",
+                ));
             }
         }
         for (action, a) in &self.actions {
             let f = |x: &str| format!("actions.\"{action}\".{x}");
-            ActionType::parse(action).map_err(|e| invalid(format!("actions.\"{action}\""), e.to_string()))?;
+            ActionType::parse(action)
+                .map_err(|e| invalid(format!("actions.\"{action}\""), e.to_string()))?;
             let Some(p) = self.providers.get(&a.provider) else {
-                return Err(invalid(f("provider"), format!("no provider named {:?} in [providers]", a.provider)));
+                return Err(invalid(
+                    f("provider"),
+                    format!("no provider named {:?} in [providers]", a.provider),
+                ));
             };
             if a.lease <= p.timeout + Duration::from_secs(1) {
-                return Err(invalid(f("lease"), format!("must exceed the provider timeout ({:?}) by more than 1s", p.timeout)));
+                return Err(invalid(
+                    f("lease"),
+                    format!(
+                        "must exceed the provider timeout ({:?}) by more than 1s",
+                        p.timeout
+                    ),
+                ));
             }
             if a.max_attempts < 1 {
                 return Err(invalid(f("max_attempts"), "must be at least 1"));
@@ -373,8 +442,12 @@ fn set_path(doc: &mut toml::Table, path: &[String], raw: &str) -> Result<(), Str
     let (last, parents) = path.split_last().ok_or("empty override path")?;
     let mut table = doc;
     for p in parents {
-        let entry = table.entry(p.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        table = entry.as_table_mut().ok_or_else(|| format!("`{p}` is not a table"))?;
+        let entry = table
+            .entry(p.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("`{p}` is not a table"))?;
     }
     // A number or boolean if it reads as one, otherwise a string.
     let value = raw
@@ -391,7 +464,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration like \"500ms\", \"5s\", \"2m\", \"24h\", \"7d\""))?;
+    let n: u64 = num.parse().map_err(|_| {
+        format!("{s:?} is not a duration like \"500ms\", \"5s\", \"2m\", \"24h\", \"7d\"")
+    })?;
     let secs = match unit.trim() {
         "ms" => return Ok(Duration::from_millis(n)),
         "s" => n,
@@ -410,7 +485,8 @@ fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Er
 
 fn de_opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     let s = Option::<String>::deserialize(d)?;
-    s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom)).transpose()
+    s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom))
+        .transpose()
 }
 
 #[cfg(test)]
@@ -418,21 +494,33 @@ mod tests {
     use super::*;
 
     fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        Config::from_toml(text, "test.toml", env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        Config::from_toml(
+            text,
+            "test.toml",
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
     }
 
     #[test]
     fn the_default_config_is_valid() {
         let c = load(DEFAULT_CONFIG, &[]).expect("default config");
         assert_eq!(c.actions.len(), 3);
-        assert_eq!(c.actions["payment_order.create"].on_unknown, OnUnknown::ReconcileThenReview);
+        assert_eq!(
+            c.actions["payment_order.create"].on_unknown,
+            OnUnknown::ReconcileThenReview
+        );
     }
 
     #[test]
     fn env_overrides_apply() {
         let c = load(
             DEFAULT_CONFIG,
-            &[("ONCELY__PROVIDERS__BANK__BASE_URL", "http://sandbox:9999"), ("ONCELY_PREFIX", "t1"), ("ONCELY__WORKER__PREFETCH", "7"), ("DATABASE_URL", "postgres://x@y/z")],
+            &[
+                ("ONCELY__PROVIDERS__BANK__BASE_URL", "http://sandbox:9999"),
+                ("ONCELY_PREFIX", "t1"),
+                ("ONCELY__WORKER__PREFETCH", "7"),
+                ("DATABASE_URL", "postgres://x@y/z"),
+            ],
         )
         .expect("config");
         assert_eq!(c.providers["bank"].base_url, "http://sandbox:9999");
@@ -444,11 +532,26 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let cases: &[(&str, &str)] = &[
-            ("[actions.\"email.send\"]\nprovider = \"nope\"\n", "actions.\"email.send\".provider"),
-            ("[actions.\"Bad Type\"]\nprovider = \"x\"\n", "actions.\"Bad Type\""),
-            ("[providers.p]\nbase_url = \"http://x\"\nexecute_path = \"/e\"\ntimeout = \"5 parsecs\"\n", "timeout"),
-            ("[providers.p]\nbase_url = \"ftp://x\"\nexecute_path = \"/e\"\n", "providers.p.base_url"),
-            ("[providers.p]\nbase_url = \"http://x\"\nexecute_path = \"/e\"\n[actions.\"a.b\"]\nprovider = \"p\"\nlease = \"3s\"\n", "actions.\"a.b\".lease"),
+            (
+                "[actions.\"email.send\"]\nprovider = \"nope\"\n",
+                "actions.\"email.send\".provider",
+            ),
+            (
+                "[actions.\"Bad Type\"]\nprovider = \"x\"\n",
+                "actions.\"Bad Type\"",
+            ),
+            (
+                "[providers.p]\nbase_url = \"http://x\"\nexecute_path = \"/e\"\ntimeout = \"5 parsecs\"\n",
+                "timeout",
+            ),
+            (
+                "[providers.p]\nbase_url = \"ftp://x\"\nexecute_path = \"/e\"\n",
+                "providers.p.base_url",
+            ),
+            (
+                "[providers.p]\nbase_url = \"http://x\"\nexecute_path = \"/e\"\n[actions.\"a.b\"]\nprovider = \"p\"\nlease = \"3s\"\n",
+                "actions.\"a.b\".lease",
+            ),
             ("[worker]\nprefetch = 0\n", "worker.prefetch"),
             ("[worker]\nprefech = 1\n", "prefech"),
         ];

@@ -70,7 +70,10 @@ pub struct PoolSettings {
 
 impl Default for PoolSettings {
     fn default() -> Self {
-        Self { max_connections: 8, acquire_timeout: Duration::from_secs(10) }
+        Self {
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -82,7 +85,10 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, DbErr
         .acquire_timeout(settings.acquire_timeout)
         .connect_with(opts)
         .await
-        .map_err(|source| DbError::Connect { target: describe(url), source })
+        .map_err(|source| DbError::Connect {
+            target: describe(url),
+            source,
+        })
 }
 
 /// Create the database named in `url` if it does not exist. Returns whether it created it.
@@ -90,7 +96,10 @@ pub async fn create_if_missing(url: &str) -> Result<bool, DbError> {
     PgConnectOptions::from_str(url).map_err(|e| DbError::BadUrl(e.to_string()))?;
     let exists = Postgres::database_exists(url)
         .await
-        .map_err(|source| DbError::Connect { target: describe(url), source })?;
+        .map_err(|source| DbError::Connect {
+            target: describe(url),
+            source,
+        })?;
     if exists {
         return Ok(false);
     }
@@ -98,16 +107,19 @@ pub async fn create_if_missing(url: &str) -> Result<bool, DbError> {
         Ok(()) => Ok(true),
         // Another process created it between our check and our CREATE: fine.
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => Ok(false),
-        Err(source) => Err(DbError::Create { target: describe(url), source }),
+        Err(source) => Err(DbError::Create {
+            target: describe(url),
+            source,
+        }),
     }
 }
 
 /// Apply every pending migration (idempotent; concurrent callers serialise on a lock).
 pub async fn migrate(pool: &PgPool, url_for_messages: &str) -> Result<(), DbError> {
-    MIGRATOR
-        .run(pool)
-        .await
-        .map_err(|source| DbError::Migrate { target: describe(url_for_messages), source })
+    MIGRATOR.run(pool).await.map_err(|source| DbError::Migrate {
+        target: describe(url_for_messages),
+        source,
+    })
 }
 
 /// Create if missing, connect and migrate: what `oncely-worker migrate` and every

@@ -138,10 +138,19 @@ impl BusinessIdentity {
     /// The identity as the JSON object that is hashed: `tenant` only when set.
     pub fn to_json(&self) -> Value {
         let mut m = Map::new();
-        m.insert("action_type".into(), Value::String(self.action_type.0.clone()));
-        m.insert("workflow_id".into(), Value::String(self.workflow_id.clone()));
+        m.insert(
+            "action_type".into(),
+            Value::String(self.action_type.0.clone()),
+        );
+        m.insert(
+            "workflow_id".into(),
+            Value::String(self.workflow_id.clone()),
+        );
         m.insert("step".into(), Value::String(self.step.clone()));
-        m.insert("business_object".into(), Value::String(self.business_object.clone()));
+        m.insert(
+            "business_object".into(),
+            Value::String(self.business_object.clone()),
+        );
         m.insert("revision".into(), Value::from(self.revision));
         if let Some(t) = &self.tenant {
             m.insert("tenant".into(), Value::String(t.clone()));
@@ -162,12 +171,22 @@ fn type_name(v: &Value) -> String {
     }
 }
 
-fn required_str<'a>(obj: &'a Map<String, Value>, field: &'static str) -> Result<&'a str, IdentityError> {
+fn required_str<'a>(
+    obj: &'a Map<String, Value>,
+    field: &'static str,
+) -> Result<&'a str, IdentityError> {
     match obj.get(field) {
         None => Err(IdentityError::Missing(field)),
         Some(Value::String(s)) => Ok(s),
-        Some(Value::Number(n)) if n.is_f64() => Err(IdentityError::Float { field, value: n.to_string() }),
-        Some(other) => Err(IdentityError::WrongType { field, expected: "a string", got: type_name(other) }),
+        Some(Value::Number(n)) if n.is_f64() => Err(IdentityError::Float {
+            field,
+            value: n.to_string(),
+        }),
+        Some(other) => Err(IdentityError::WrongType {
+            field,
+            expected: "a string",
+            got: type_name(other),
+        }),
     }
 }
 
@@ -175,7 +194,11 @@ fn text_field(obj: &Map<String, Value>, field: &'static str) -> Result<String, I
     let s = required_str(obj, field)?;
     let len = s.chars().count();
     if len == 0 || len > MAX_IDENTITY_FIELD_LEN {
-        return Err(IdentityError::Length { field, max: MAX_IDENTITY_FIELD_LEN, len });
+        return Err(IdentityError::Length {
+            field,
+            max: MAX_IDENTITY_FIELD_LEN,
+            len,
+        });
     }
     Ok(s.to_owned())
 }
@@ -185,10 +208,21 @@ fn int_field(obj: &Map<String, Value>, field: &'static str) -> Result<i64, Ident
         None => Err(IdentityError::Missing(field)),
         Some(Value::Number(n)) => match n.as_i64() {
             Some(i) => Ok(i),
-            None if n.is_f64() => Err(IdentityError::Float { field, value: n.to_string() }),
-            None => Err(IdentityError::WrongType { field, expected: "an integer in the 64-bit signed range", got: n.to_string() }),
+            None if n.is_f64() => Err(IdentityError::Float {
+                field,
+                value: n.to_string(),
+            }),
+            None => Err(IdentityError::WrongType {
+                field,
+                expected: "an integer in the 64-bit signed range",
+                got: n.to_string(),
+            }),
         },
-        Some(other) => Err(IdentityError::WrongType { field, expected: "an integer", got: type_name(other) }),
+        Some(other) => Err(IdentityError::WrongType {
+            field,
+            expected: "an integer",
+            got: type_name(other),
+        }),
     }
 }
 
@@ -209,7 +243,17 @@ mod tests {
         for ok in ["email.send", "payment_order.create", "a", "x1.y_2"] {
             assert!(ActionType::parse(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "Email.send", "email..send", ".x", "x.", "1x", "email send", "e-mail", &"a".repeat(65)] {
+        for bad in [
+            "",
+            "Email.send",
+            "email..send",
+            ".x",
+            "x.",
+            "1x",
+            "email send",
+            "e-mail",
+            &"a".repeat(65),
+        ] {
             assert!(ActionType::parse(bad).is_err(), "{bad}");
         }
     }
@@ -221,7 +265,16 @@ mod tests {
             "business_object": "b", "revision": 2.0
         })))
         .expect_err("float revision");
-        assert!(matches!(err, IdentityError::Float { field: "revision", .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                IdentityError::Float {
+                    field: "revision",
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(err.to_string().contains("floats are not allowed"), "{err}");
     }
 
@@ -230,21 +283,40 @@ mod tests {
         let base = json!({"action_type": "email.send", "workflow_id": "w", "step": "s", "business_object": "b", "revision": 1});
         let mut m = obj(base.clone());
         m.remove("step");
-        assert_eq!(BusinessIdentity::from_json(&m), Err(IdentityError::Missing("step")));
+        assert_eq!(
+            BusinessIdentity::from_json(&m),
+            Err(IdentityError::Missing("step"))
+        );
         let mut m = obj(base.clone());
         m.insert("workflow_id".into(), json!(5));
-        assert!(BusinessIdentity::from_json(&m).expect_err("int workflow").to_string().contains("`workflow_id` must be a string"));
+        assert!(
+            BusinessIdentity::from_json(&m)
+                .expect_err("int workflow")
+                .to_string()
+                .contains("`workflow_id` must be a string")
+        );
         let mut m = obj(base);
         m.insert("tenant".into(), json!(""));
-        assert!(matches!(BusinessIdentity::from_json(&m), Err(IdentityError::Length { field: "tenant", .. })));
+        assert!(matches!(
+            BusinessIdentity::from_json(&m),
+            Err(IdentityError::Length {
+                field: "tenant",
+                ..
+            })
+        ));
     }
 
     #[test]
     fn tenant_only_in_json_when_set() {
-        let m = obj(json!({"action_type": "email.send", "workflow_id": "w", "step": "s", "business_object": "b", "revision": 1, "tenant": null}));
+        let m = obj(
+            json!({"action_type": "email.send", "workflow_id": "w", "step": "s", "business_object": "b", "revision": 1, "tenant": null}),
+        );
         let id = BusinessIdentity::from_json(&m).expect("valid");
         assert!(id.to_json().get("tenant").is_none());
-        let id = BusinessIdentity { tenant: Some("acme".into()), ..id };
+        let id = BusinessIdentity {
+            tenant: Some("acme".into()),
+            ..id
+        };
         assert_eq!(id.to_json()["tenant"], json!("acme"));
     }
 }

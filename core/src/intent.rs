@@ -19,7 +19,14 @@ pub const ENVELOPE_SCHEMA: &str = "oncely.intent.v1";
 /// Default size limit of one envelope (bytes).
 pub const DEFAULT_MAX_ENVELOPE_BYTES: usize = 256 * 1024;
 
-const IDENTITY_FIELDS: [&str; 6] = ["action_type", "tenant", "workflow_id", "step", "business_object", "revision"];
+const IDENTITY_FIELDS: [&str; 6] = [
+    "action_type",
+    "tenant",
+    "workflow_id",
+    "step",
+    "business_object",
+    "revision",
+];
 const ENVELOPE_FIELDS: [&str; 4] = ["schema", "idempotency_key", "payload_hash", "payload"];
 
 /// An agent's request: the business identity and the payload to send.
@@ -104,22 +111,38 @@ impl Intent {
         let Value::Object(mut obj) = value else {
             return Err(EnvelopeError::NotJson("expected an object".into()));
         };
-        if let Some(unknown) = obj.keys().find(|k| !IDENTITY_FIELDS.contains(&k.as_str()) && !ENVELOPE_FIELDS.contains(&k.as_str())) {
-            return Err(EnvelopeError::UnknownField(unknown.chars().take(64).collect()));
+        if let Some(unknown) = obj.keys().find(|k| {
+            !IDENTITY_FIELDS.contains(&k.as_str()) && !ENVELOPE_FIELDS.contains(&k.as_str())
+        }) {
+            return Err(EnvelopeError::UnknownField(
+                unknown.chars().take(64).collect(),
+            ));
         }
         let identity = BusinessIdentity::from_json(&obj)?;
         let payload = match obj.remove("payload") {
             Some(Value::Object(p)) => p,
-            None => return Err(EnvelopeError::Field { field: "payload", problem: "is missing" }),
-            Some(_) => return Err(EnvelopeError::Field { field: "payload", problem: "must be a JSON object" }),
+            None => {
+                return Err(EnvelopeError::Field {
+                    field: "payload",
+                    problem: "is missing",
+                });
+            }
+            Some(_) => {
+                return Err(EnvelopeError::Field {
+                    field: "payload",
+                    problem: "must be a JSON object",
+                });
+            }
         };
         Ok(Self { identity, payload })
     }
 
     /// Parse an intent from bytes (a file, stdin, one JSONL line).
     pub fn from_slice(bytes: &[u8]) -> Result<Self, EnvelopeError> {
-        let text = std::str::from_utf8(bytes).map_err(|e| EnvelopeError::NotUtf8(e.valid_up_to()))?;
-        let value: Value = serde_json::from_str(text).map_err(|e| EnvelopeError::NotJson(e.to_string()))?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| EnvelopeError::NotUtf8(e.valid_up_to()))?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| EnvelopeError::NotJson(e.to_string()))?;
         Self::from_json(value)
     }
 
@@ -127,7 +150,11 @@ impl Intent {
     pub fn seal(self, secret: &KeySecret) -> Result<Envelope, EnvelopeError> {
         let payload_hash = PayloadHash::of(&Value::Object(self.payload.clone()))?;
         let key = secret.key_for(&self.identity);
-        Ok(Envelope { key, payload_hash, intent: self })
+        Ok(Envelope {
+            key,
+            payload_hash,
+            intent: self,
+        })
     }
 }
 
@@ -150,7 +177,10 @@ impl Envelope {
         m.insert("schema".into(), ENVELOPE_SCHEMA.into());
         m.insert("idempotency_key".into(), self.key.as_str().into());
         m.insert("action_type".into(), id.action_type.as_str().into());
-        m.insert("tenant".into(), id.tenant.clone().map_or(Value::Null, Value::String));
+        m.insert(
+            "tenant".into(),
+            id.tenant.clone().map_or(Value::Null, Value::String),
+        );
         m.insert("workflow_id".into(), id.workflow_id.clone().into());
         m.insert("step".into(), id.step.clone().into());
         m.insert("business_object".into(), id.business_object.clone().into());
@@ -168,27 +198,51 @@ impl Envelope {
     /// Parse and check untrusted message bytes. With `secret`, the key must be the HMAC
     /// of the identity; without it (a worker that does not hold the secret) only its
     /// format is checked. The payload hash is always recomputed and compared.
-    pub fn parse(bytes: &[u8], max_bytes: usize, secret: Option<&KeySecret>) -> Result<Self, EnvelopeError> {
+    pub fn parse(
+        bytes: &[u8],
+        max_bytes: usize,
+        secret: Option<&KeySecret>,
+    ) -> Result<Self, EnvelopeError> {
         if bytes.len() > max_bytes {
-            return Err(EnvelopeError::TooLarge { size: bytes.len(), limit: max_bytes });
+            return Err(EnvelopeError::TooLarge {
+                size: bytes.len(),
+                limit: max_bytes,
+            });
         }
-        let text = std::str::from_utf8(bytes).map_err(|e| EnvelopeError::NotUtf8(e.valid_up_to()))?;
-        let value: Value = serde_json::from_str(text).map_err(|e| EnvelopeError::NotJson(short(&e.to_string())))?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| EnvelopeError::NotUtf8(e.valid_up_to()))?;
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| EnvelopeError::NotJson(short(&e.to_string())))?;
         let Value::Object(obj) = &value else {
             return Err(EnvelopeError::NotJson("expected an object".into()));
         };
         match obj.get("schema") {
             Some(Value::String(s)) if s == ENVELOPE_SCHEMA => {}
             Some(Value::String(s)) => return Err(EnvelopeError::Schema(short(s))),
-            _ => return Err(EnvelopeError::Field { field: "schema", problem: "must be the string \"oncely.intent.v1\"" }),
+            _ => {
+                return Err(EnvelopeError::Field {
+                    field: "schema",
+                    problem: "must be the string \"oncely.intent.v1\"",
+                });
+            }
         }
         let key = match obj.get("idempotency_key") {
             Some(Value::String(s)) => IdempotencyKey::parse(s)?,
-            _ => return Err(EnvelopeError::Field { field: "idempotency_key", problem: "must be a string" }),
+            _ => {
+                return Err(EnvelopeError::Field {
+                    field: "idempotency_key",
+                    problem: "must be a string",
+                });
+            }
         };
         let claimed_hash = match obj.get("payload_hash") {
             Some(Value::String(s)) => PayloadHash::parse(s)?,
-            _ => return Err(EnvelopeError::Field { field: "payload_hash", problem: "must be a string" }),
+            _ => {
+                return Err(EnvelopeError::Field {
+                    field: "payload_hash",
+                    problem: "must be a string",
+                });
+            }
         };
         let intent = Intent::from_json(value)?;
         if let Some(secret) = secret
@@ -200,7 +254,11 @@ impl Envelope {
         if payload_hash != claimed_hash {
             return Err(EnvelopeError::HashMismatch);
         }
-        Ok(Self { key, payload_hash, intent })
+        Ok(Self {
+            key,
+            payload_hash,
+            intent,
+        })
     }
 }
 
@@ -225,15 +283,25 @@ mod tests {
 
     #[test]
     fn seal_then_parse_round_trips() {
-        let env = Intent::from_json(sample()).expect("intent").seal(&secret()).expect("seal");
-        let back = Envelope::parse(&env.to_bytes(), DEFAULT_MAX_ENVELOPE_BYTES, Some(&secret())).expect("parse");
+        let env = Intent::from_json(sample())
+            .expect("intent")
+            .seal(&secret())
+            .expect("seal");
+        let back = Envelope::parse(&env.to_bytes(), DEFAULT_MAX_ENVELOPE_BYTES, Some(&secret()))
+            .expect("parse");
         assert_eq!(back, env);
-        assert_eq!(env.payload_hash.as_str(), "sha256:003e1cb47a383bcc76345f2954cfd442841bb6af6063b76d1c925eb0433ab80e");
+        assert_eq!(
+            env.payload_hash.as_str(),
+            "sha256:003e1cb47a383bcc76345f2954cfd442841bb6af6063b76d1c925eb0433ab80e"
+        );
     }
 
     #[test]
     fn each_kind_of_bad_envelope_has_its_reason() {
-        let env = Intent::from_json(sample()).expect("intent").seal(&secret()).expect("seal");
+        let env = Intent::from_json(sample())
+            .expect("intent")
+            .seal(&secret())
+            .expect("seal");
         let good = env.to_json();
         let with = |f: &dyn Fn(&mut Map<String, Value>)| {
             let mut v = good.clone();
@@ -248,23 +316,56 @@ mod tests {
         check(b"\xff\xfe", "not_utf8");
         check(b"{not json", "not_json");
         check(b"[1,2]", "not_json");
-        check(&with(&|m| drop(m.insert("schema".into(), json!("oncely.intent.v2")))), "schema_version");
+        check(
+            &with(&|m| drop(m.insert("schema".into(), json!("oncely.intent.v2")))),
+            "schema_version",
+        );
         check(&with(&|m| drop(m.remove("schema"))), "schema");
-        check(&with(&|m| drop(m.insert("extra".into(), json!(1)))), "schema");
-        check(&with(&|m| drop(m.insert("action_type".into(), json!("Not A Type")))), "action_type");
-        check(&with(&|m| drop(m.insert("revision".into(), json!(1.5)))), "identity");
-        check(&with(&|m| drop(m.insert("idempotency_key".into(), json!("v1:abc")))), "key_format");
-        check(&with(&|m| drop(m.insert("payload_hash".into(), json!("md5:x")))), "hash_format");
-        check(&with(&|m| drop(m.insert("revision".into(), json!(2)))), "key_mismatch");
-        check(&with(&|m| drop(m.insert("payload".into(), json!({"amount_minor": 1})))), "hash_mismatch");
-        check(&with(&|m| drop(m.insert("payload".into(), json!("text")))), "schema");
+        check(
+            &with(&|m| drop(m.insert("extra".into(), json!(1)))),
+            "schema",
+        );
+        check(
+            &with(&|m| drop(m.insert("action_type".into(), json!("Not A Type")))),
+            "action_type",
+        );
+        check(
+            &with(&|m| drop(m.insert("revision".into(), json!(1.5)))),
+            "identity",
+        );
+        check(
+            &with(&|m| drop(m.insert("idempotency_key".into(), json!("v1:abc")))),
+            "key_format",
+        );
+        check(
+            &with(&|m| drop(m.insert("payload_hash".into(), json!("md5:x")))),
+            "hash_format",
+        );
+        check(
+            &with(&|m| drop(m.insert("revision".into(), json!(2)))),
+            "key_mismatch",
+        );
+        check(
+            &with(&|m| drop(m.insert("payload".into(), json!({"amount_minor": 1})))),
+            "hash_mismatch",
+        );
+        check(
+            &with(&|m| drop(m.insert("payload".into(), json!("text")))),
+            "schema",
+        );
     }
 
     #[test]
     fn without_secret_only_the_key_format_is_checked() {
-        let env = Intent::from_json(sample()).expect("intent").seal(&secret()).expect("seal");
+        let env = Intent::from_json(sample())
+            .expect("intent")
+            .seal(&secret())
+            .expect("seal");
         let other = KeySecret::new(b"another".to_vec()).expect("secret");
-        assert!(matches!(Envelope::parse(&env.to_bytes(), 4096, Some(&other)), Err(EnvelopeError::KeyMismatch)));
+        assert!(matches!(
+            Envelope::parse(&env.to_bytes(), 4096, Some(&other)),
+            Err(EnvelopeError::KeyMismatch)
+        ));
         assert!(Envelope::parse(&env.to_bytes(), 4096, None).is_ok());
     }
 }

@@ -26,10 +26,14 @@ pub const SECRET_ENV: &str = "ONCELY_KEY_SECRET";
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// Not `v1:` followed by 64 lowercase hex digits.
-    #[error("idempotency key {0:?} is malformed: expected \"v1:\" followed by 64 lowercase hex digits")]
+    #[error(
+        "idempotency key {0:?} is malformed: expected \"v1:\" followed by 64 lowercase hex digits"
+    )]
     MalformedKey(String),
     /// Not `sha256:` followed by 64 lowercase hex digits.
-    #[error("payload hash {0:?} is malformed: expected \"sha256:\" followed by 64 lowercase hex digits")]
+    #[error(
+        "payload hash {0:?} is malformed: expected \"sha256:\" followed by 64 lowercase hex digits"
+    )]
     MalformedHash(String),
     /// Neither secret variable is set.
     #[error("no key secret: set {SECRET_FILE_ENV} to a file holding the secret, or {SECRET_ENV}")]
@@ -80,7 +84,8 @@ impl KeySecret {
     pub fn from_lookup(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<Self, KeyError> {
         if let Some(path) = get(SECRET_FILE_ENV).filter(|p| !p.is_empty()) {
             let path = PathBuf::from(path);
-            let mut bytes = std::fs::read(&path).map_err(|source| KeyError::SecretFile { path, source })?;
+            let mut bytes =
+                std::fs::read(&path).map_err(|source| KeyError::SecretFile { path, source })?;
             if bytes.ends_with(b"\n") {
                 bytes.pop();
                 if bytes.ends_with(b"\r") {
@@ -164,7 +169,10 @@ impl PayloadHash {
     /// The hash of a payload's canonical JSON.
     pub fn of(payload: &Value) -> Result<Self, KeyError> {
         let bytes = canonical_json(payload)?;
-        Ok(Self(format!("sha256:{}", hex::encode(Sha256::digest(&bytes)))))
+        Ok(Self(format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(&bytes))
+        )))
     }
 
     /// The hash as text.
@@ -206,28 +214,48 @@ mod tests {
 
     #[test]
     fn design_test_vector_key() {
-        let id = identity(json!({"action_type":"email.send","workflow_id":"case-1842","step":"send_approval_notice","business_object":"application-731","revision":2}));
+        let id = identity(
+            json!({"action_type":"email.send","workflow_id":"case-1842","step":"send_approval_notice","business_object":"application-731","revision":2}),
+        );
         assert_eq!(
             crate::canonical::canonical_string(&id.to_json()).expect("canonical"),
             r#"{"action_type":"email.send","business_object":"application-731","revision":2,"step":"send_approval_notice","workflow_id":"case-1842"}"#
         );
-        assert_eq!(secret().key_for(&id).as_str(), "v1:df776990f0466ed1f9862063fe0aa224ea08f78c7ecc6e1e8a2786867fbf3ede");
+        assert_eq!(
+            secret().key_for(&id).as_str(),
+            "v1:df776990f0466ed1f9862063fe0aa224ea08f78c7ecc6e1e8a2786867fbf3ede"
+        );
     }
 
     #[test]
     fn design_test_vector_payload_hash() {
         let payload = json!({"account_id":"example-account","amount_minor":125000,"currency":"RUB","business_reference":"application-731"});
-        assert_eq!(PayloadHash::of(&payload).expect("hash").as_str(), "sha256:003e1cb47a383bcc76345f2954cfd442841bb6af6063b76d1c925eb0433ab80e");
+        assert_eq!(
+            PayloadHash::of(&payload).expect("hash").as_str(),
+            "sha256:003e1cb47a383bcc76345f2954cfd442841bb6af6063b76d1c925eb0433ab80e"
+        );
     }
 
     #[test]
     fn parse_accepts_only_the_exact_format() {
         let good = "v1:df776990f0466ed1f9862063fe0aa224ea08f78c7ecc6e1e8a2786867fbf3ede";
         assert!(IdempotencyKey::parse(good).is_ok());
-        for bad in ["", "v1:", "v2:df776990f0466ed1f9862063fe0aa224ea08f78c7ecc6e1e8a2786867fbf3ede", &good.to_uppercase(), &format!("{good}0"), &good[..good.len() - 1]] {
+        for bad in [
+            "",
+            "v1:",
+            "v2:df776990f0466ed1f9862063fe0aa224ea08f78c7ecc6e1e8a2786867fbf3ede",
+            &good.to_uppercase(),
+            &format!("{good}0"),
+            &good[..good.len() - 1],
+        ] {
             assert!(IdempotencyKey::parse(bad).is_err(), "{bad}");
         }
-        assert!(PayloadHash::parse("sha256:003e1cb47a383bcc76345f2954cfd442841bb6af6063b76d1c925eb0433ab80e").is_ok());
+        assert!(
+            PayloadHash::parse(
+                "sha256:003e1cb47a383bcc76345f2954cfd442841bb6af6063b76d1c925eb0433ab80e"
+            )
+            .is_ok()
+        );
         assert!(PayloadHash::parse("sha256:xyz").is_err());
     }
 
@@ -242,16 +270,39 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let file = dir.join("secret");
         std::fs::write(&file, "test-secret-do-not-use\n").expect("write");
-        let id = identity(json!({"action_type":"email.send","workflow_id":"case-1842","step":"send_approval_notice","business_object":"application-731","revision":2}));
-        let from_file = KeySecret::from_lookup(|n| (n == SECRET_FILE_ENV).then(|| file.clone().into_os_string())).expect("file");
-        assert_eq!(from_file.key_for(&id), secret().key_for(&id), "trailing newline is dropped");
-        let from_env = KeySecret::from_lookup(|n| (n == SECRET_ENV).then(|| "test-secret-do-not-use".into())).expect("env");
+        let id = identity(
+            json!({"action_type":"email.send","workflow_id":"case-1842","step":"send_approval_notice","business_object":"application-731","revision":2}),
+        );
+        let from_file = KeySecret::from_lookup(|n| {
+            (n == SECRET_FILE_ENV).then(|| file.clone().into_os_string())
+        })
+        .expect("file");
+        assert_eq!(
+            from_file.key_for(&id),
+            secret().key_for(&id),
+            "trailing newline is dropped"
+        );
+        let from_env =
+            KeySecret::from_lookup(|n| (n == SECRET_ENV).then(|| "test-secret-do-not-use".into()))
+                .expect("env");
         assert_eq!(from_env.key_for(&id), secret().key_for(&id));
-        assert!(matches!(KeySecret::from_lookup(|_| None), Err(KeyError::MissingSecret)));
-        assert!(matches!(KeySecret::from_lookup(|n| (n == SECRET_ENV).then(|| "".into())), Err(KeyError::EmptySecret(_))));
+        assert!(matches!(
+            KeySecret::from_lookup(|_| None),
+            Err(KeyError::MissingSecret)
+        ));
+        assert!(matches!(
+            KeySecret::from_lookup(|n| (n == SECRET_ENV).then(|| "".into())),
+            Err(KeyError::EmptySecret(_))
+        ));
         let missing = dir.join("nope");
-        let err = KeySecret::from_lookup(|n| (n == SECRET_FILE_ENV).then(|| missing.clone().into_os_string())).expect_err("missing file");
-        assert!(err.to_string().contains("cannot read the key secret file"), "{err}");
+        let err = KeySecret::from_lookup(|n| {
+            (n == SECRET_FILE_ENV).then(|| missing.clone().into_os_string())
+        })
+        .expect_err("missing file");
+        assert!(
+            err.to_string().contains("cannot read the key secret file"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -5,11 +5,14 @@
 //! - [`identity`]: the business identity and [`ActionType`].
 //! - [`keys`]: idempotency keys, payload hashes, the key secret.
 //! - [`intent`]: intents and the `oncely.intent.v1` envelope, parsed at the edge.
+//! - [`metrics`]: metric names and the exporter.
+//! - [`publish`]: publishing with confirms (a returned message is a failure).
 //! - [`status`]: the status set and the one transition table.
 //! - [`config`]: policies and providers (TOML + env overrides).
 //! - [`db`]: connecting, creating and migrating the database.
 //! - [`journal`]: the operations journal — the only module with SQL.
 //! - [`telemetry`]: logging setup.
+//! - [`topology`]: RabbitMQ names and declarations.
 
 pub mod canonical;
 pub mod config;
@@ -18,8 +21,11 @@ pub mod identity;
 pub mod intent;
 pub mod journal;
 pub mod keys;
+pub mod metrics;
+pub mod publish;
 pub mod status;
 pub mod telemetry;
+pub mod topology;
 
 pub use identity::{ActionType, BusinessIdentity};
 pub use intent::{Envelope, Intent};

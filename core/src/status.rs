@@ -76,13 +76,18 @@ impl fmt::Display for Status {
 
 /// An unrecognised status string (from the database or a CLI flag).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown status {0:?}: expected one of planned, executing, succeeded, failed_retryable, failed_final, unknown")]
+#[error(
+    "unknown status {0:?}: expected one of planned, executing, succeeded, failed_retryable, failed_final, unknown"
+)]
 pub struct ParseStatusError(pub String);
 
 impl FromStr for Status {
     type Err = ParseStatusError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Status::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| ParseStatusError(s.to_owned()))
+        Status::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| ParseStatusError(s.to_owned()))
     }
 }
 
@@ -123,7 +128,10 @@ mod tests {
     fn names_round_trip() {
         for s in Status::ALL {
             assert_eq!(s.as_str().parse::<Status>(), Ok(s));
-            assert_eq!(serde_json::to_value(s).expect("json"), serde_json::json!(s.as_str()));
+            assert_eq!(
+                serde_json::to_value(s).expect("json"),
+                serde_json::json!(s.as_str())
+            );
         }
         assert!("done".parse::<Status>().is_err());
     }
@@ -147,7 +155,11 @@ mod tests {
         let froms = std::iter::once(None).chain(Status::ALL.into_iter().map(Some));
         for from in froms {
             for to in Status::ALL {
-                assert_eq!(transition(from, to).is_some(), allowed.contains(&(from, to)), "{from:?} -> {to:?}");
+                assert_eq!(
+                    transition(from, to).is_some(),
+                    allowed.contains(&(from, to)),
+                    "{from:?} -> {to:?}"
+                );
             }
         }
         // The article's rules, spelled out: nothing leaves a terminal state, and an

@@ -11,15 +11,26 @@ use tracing_subscriber::EnvFilter;
 
 /// Install the global subscriber (once; later calls are no-ops).
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_with_default("info");
+}
+
+/// [`init`] with another default level when `RUST_LOG` is unset (the demo uses `warn`).
+pub fn init_with_default(level: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let json = match std::env::var("ONCELY_LOG_FORMAT").as_deref() {
         Ok("json") => true,
         Ok("pretty") => false,
         _ => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = if json {
-        builder.json().flatten_event(true).with_current_span(true).try_init()
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init()
     } else {
         builder.try_init()
     };

@@ -16,12 +16,13 @@ fn secret() -> KeySecret {
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![
         "[a-z0-9_-]{1,12}",
-        "\\PC{1,8}",                      // any printable unicode
+        "\\PC{1,8}", // any printable unicode
         proptest::collection::vec(any::<char>(), 1..6).prop_map(|c| c.into_iter().collect()),
     ]
 }
 
-fn identity_fields() -> impl Strategy<Value = (String, String, String, String, i64, Option<String>)> {
+fn identity_fields() -> impl Strategy<Value = (String, String, String, String, i64, Option<String>)>
+{
     (
         "[a-z][a-z0-9_]{0,8}(\\.[a-z][a-z0-9_]{0,8}){0,2}",
         text(),
@@ -32,7 +33,9 @@ fn identity_fields() -> impl Strategy<Value = (String, String, String, String, i
     )
 }
 
-fn identity_json(f: &(String, String, String, String, i64, Option<String>)) -> Vec<(String, Value)> {
+fn identity_json(
+    f: &(String, String, String, String, i64, Option<String>),
+) -> Vec<(String, Value)> {
     let mut v = vec![
         ("action_type".to_owned(), json!(f.0)),
         ("workflow_id".to_owned(), json!(f.1)),
@@ -53,13 +56,16 @@ fn json_value() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(Value::from),
         any::<u64>().prop_map(Value::from),
-        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
         text().prop_map(Value::String),
     ];
     leaf.prop_recursive(4, 48, 6, |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            proptest::collection::btree_map(text(), inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
+            proptest::collection::btree_map(text(), inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
 }
@@ -151,7 +157,9 @@ fn canonical_json_matches_cpython_byte_for_byte() {
 
     let mut runner = TestRunner::deterministic();
     let strategy = json_value();
-    let values: Vec<Value> = (0..400).map(|_| strategy.new_tree(&mut runner).expect("value").current()).collect();
+    let values: Vec<Value> = (0..400)
+        .map(|_| strategy.new_tree(&mut runner).expect("value").current())
+        .collect();
     let mut child = Command::new("python3")
         .args([
             "-c",

@@ -1,1 +1,128 @@
-//! oncely integration-test support: fresh databases, unique queue prefixes, spawned binaries.
+//! Support for oncely's integration tests: each test gets a fresh, migrated database
+//! (dropped when the test ends) and a unique name prefix for its RabbitMQ objects, so
+//! tests run in parallel against the one Postgres and the one RabbitMQ of the machine.
+//!
+//! Set `ONCELY_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`)
+//! and `ONCELY_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`) to point
+//! elsewhere. `TEST_LOG=1` turns on logs.
+
+use oncely_core::db::{PoolSettings, prepare};
+use oncely_core::journal::Journal;
+use sqlx::PgPool;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Base URL of the server tests create their databases on.
+pub fn server_url() -> String {
+    std::env::var("ONCELY_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// AMQP URL of the broker tests use.
+pub fn amqp_url() -> String {
+    std::env::var("ONCELY_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A name no other test (in this or another process) uses: `<tag>_<pid>_<n>_<nanos>`.
+pub fn unique_name(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{tag}_{}_{}_{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A fresh, migrated database, dropped (with its connections) when this is dropped.
+#[derive(Debug)]
+pub struct TestDb {
+    /// Its name.
+    pub name: String,
+    /// Its URL (give it to spawned processes as `DATABASE_URL`).
+    pub url: String,
+    /// A pool on it.
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    /// Create and migrate a new database.
+    pub async fn new() -> TestDb {
+        let name = unique_name("oncely_t");
+        let server = server_url();
+        let base = server
+            .rsplit_once('/')
+            .map(|(b, _)| b.to_owned())
+            .unwrap_or(server);
+        let url = format!("{base}/{name}");
+        let pool = prepare(
+            &url,
+            &PoolSettings {
+                max_connections: 16,
+                ..PoolSettings::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("test database: {e}"));
+        TestDb { name, url, pool }
+    }
+
+    /// A journal over this database.
+    pub fn journal(&self) -> Journal {
+        Journal::new(self.pool.clone())
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let server = server_url();
+        // Drop runs outside any runtime guarantee: use a private one on its own thread.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async move {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&server)
+                    .await
+                    .ok()?;
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                )))
+                .execute(&pool)
+                .await
+                .ok()
+            })
+        })
+        .join();
+    }
+}
+
+/// Poll `check` every 20 ms until it returns `Some`, or panic after `deadline` with
+/// `what` — the way tests wait for something, instead of sleeping.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub mod fleet;

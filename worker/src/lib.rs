@@ -1,1 +1,22 @@
-//! oncely-worker: action workers, reconciler, providers, admin.
+//! oncely-worker: the processes that execute and settle operations.
+//!
+//! # Layout
+//! - [`context`]: config, journal, providers and identity shared by a process.
+//! - [`provider`]: the provider trait and the generic HTTP/JSON adapter.
+//! - [`decide`]: the classification table and the not-claimed decisions (pure).
+//! - [`runner`]: the action worker (consume → claim → call → commit → ack).
+//! - [`outcome`]: outcome events for agents.
+//! - [`retry`]: journal calls through database trouble.
+//! - [`shutdown`]: the shutdown signal passed into every loop.
+//! - [`demo`]: `oncely-worker demo`.
+//! - [`cli`]: the `oncely-worker` command.
+
+pub mod cli;
+pub mod context;
+pub mod decide;
+pub mod demo;
+pub mod outcome;
+pub mod provider;
+pub mod retry;
+pub mod runner;
+pub mod shutdown;

@@ -87,9 +87,15 @@ pub enum ClaimOutcome {
 
 impl Journal {
     /// Claim a batch in one statement; one outcome per request, in order.
-    pub async fn claim(&self, requests: &[ClaimRequest<'_>], owner: &str) -> Result<Vec<ClaimOutcome>, JournalError> {
+    pub async fn claim(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        owner: &str,
+    ) -> Result<Vec<ClaimOutcome>, JournalError> {
         debug_assert!(transition(Some(Status::Planned), Status::Executing) == Some(Move::Claim));
-        debug_assert!(transition(Some(Status::FailedRetryable), Status::Executing) == Some(Move::Claim));
+        debug_assert!(
+            transition(Some(Status::FailedRetryable), Status::Executing) == Some(Move::Claim)
+        );
         if requests.is_empty() {
             return Ok(Vec::new());
         }
@@ -97,7 +103,9 @@ impl Journal {
         let mut cols = Columns::default();
         let mut leases: Vec<f64> = Vec::with_capacity(requests.len());
         for (i, r) in requests.iter().enumerate() {
-            if let std::collections::hash_map::Entry::Vacant(v) = first.entry(r.envelope.key.as_str()) {
+            if let std::collections::hash_map::Entry::Vacant(v) =
+                first.entry(r.envelope.key.as_str())
+            {
                 v.insert(i);
                 cols.push(r.envelope);
                 leases.push(r.lease.as_secs_f64());
@@ -166,7 +174,10 @@ impl Journal {
                 return Err(JournalError::Database(sqlx::Error::RowNotFound));
             };
             let why = classify(op, r.envelope);
-            out.push(ClaimOutcome::NotClaimed { why, op: Box::new(op.clone()) });
+            out.push(ClaimOutcome::NotClaimed {
+                why,
+                op: Box::new(op.clone()),
+            });
         }
         Ok(out)
     }
@@ -174,7 +185,9 @@ impl Journal {
 
 /// Why an existing row was not claimed for this envelope.
 fn classify(op: &Operation, envelope: &Envelope) -> NotClaimed {
-    if op.payload_hash != envelope.payload_hash.as_str() || op.action_type != envelope.intent.identity.action_type.as_str() {
+    if op.payload_hash != envelope.payload_hash.as_str()
+        || op.action_type != envelope.intent.identity.action_type.as_str()
+    {
         return NotClaimed::Conflict;
     }
     match op.status {

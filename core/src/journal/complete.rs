@@ -75,34 +75,75 @@ pub struct Completion {
 impl Journal {
     /// Apply one completion; `true` if it applied, `false` if the row had moved on.
     pub async fn complete(&self, c: &Completion, actor: &str) -> Result<bool, JournalError> {
-        Ok(self.complete_many(std::slice::from_ref(c), actor).await?.first().copied().unwrap_or(false))
+        Ok(self
+            .complete_many(std::slice::from_ref(c), actor)
+            .await?
+            .first()
+            .copied()
+            .unwrap_or(false))
     }
 
     /// Apply a batch of completions in one statement; one `applied` flag per input.
     /// Keys must be distinct within a batch (one operation has one outcome).
-    pub async fn complete_many(&self, cs: &[Completion], actor: &str) -> Result<Vec<bool>, JournalError> {
+    pub async fn complete_many(
+        &self,
+        cs: &[Completion],
+        actor: &str,
+    ) -> Result<Vec<bool>, JournalError> {
         if cs.is_empty() {
             return Ok(Vec::new());
         }
         let n = cs.len();
-        let (mut keys, mut expected, mut attempts, mut to) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut pids, mut results, mut errors, mut delays, mut reasons) =
-            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut keys, mut expected, mut attempts, mut to) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let (mut pids, mut results, mut errors, mut delays, mut reasons) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
         for c in cs {
             let target = c.verdict.status();
             if transition(Some(c.expected), target).is_none() {
-                return Err(JournalError::InvalidTransition { from: c.expected.to_string(), to: target });
+                return Err(JournalError::InvalidTransition {
+                    from: c.expected.to_string(),
+                    to: target,
+                });
             }
             keys.push(c.key.as_str().to_owned());
             expected.push(c.expected.as_str());
             attempts.push(c.attempt);
             to.push(target.as_str());
             reasons.push(c.reason.clone());
-            let (pid, result, err, delay): (Option<&str>, Option<String>, Option<&str>, Option<f64>) = match &c.verdict {
-                Verdict::Succeeded { provider_operation_id, result } => (Some(provider_operation_id), Some(result.to_string()), None, None),
+            let (pid, result, err, delay): (
+                Option<&str>,
+                Option<String>,
+                Option<&str>,
+                Option<f64>,
+            ) = match &c.verdict {
+                Verdict::Succeeded {
+                    provider_operation_id,
+                    result,
+                } => (
+                    Some(provider_operation_id),
+                    Some(result.to_string()),
+                    None,
+                    None,
+                ),
                 Verdict::FailedFinal { error_code } => (None, None, Some(error_code), None),
-                Verdict::FailedRetryable { error_code, retry_in } => (None, None, Some(error_code), Some(retry_in.as_secs_f64())),
-                Verdict::Unknown { error_code, check_in } => (None, None, Some(error_code), Some(check_in.as_secs_f64())),
+                Verdict::FailedRetryable {
+                    error_code,
+                    retry_in,
+                } => (None, None, Some(error_code), Some(retry_in.as_secs_f64())),
+                Verdict::Unknown {
+                    error_code,
+                    check_in,
+                } => (None, None, Some(error_code), Some(check_in.as_secs_f64())),
             };
             pids.push(pid.map(str::to_owned));
             results.push(result);
@@ -136,7 +177,10 @@ impl Journal {
         .bind(&reasons)
         .fetch_all(&self.pool)
         .await?;
-        let applied: HashSet<String> = rows.iter().filter_map(|r| r.try_get::<String, _>(0).ok()).collect();
+        let applied: HashSet<String> = rows
+            .iter()
+            .filter_map(|r| r.try_get::<String, _>(0).ok())
+            .collect();
         Ok(keys.iter().map(|k| applied.contains(k)).collect())
     }
 }

@@ -2,22 +2,26 @@
 //! inspection queries. Nothing here writes except [`Journal::record_conflict`], which
 //! adds an audit row (not a transition) when a conflicting intent is refused.
 
-use super::operation::{select_operations, Event, Operation};
+use super::operation::{Event, Operation, select_operations};
 use super::{Journal, JournalError};
 use crate::keys::{IdempotencyKey, PayloadHash};
 
 impl Journal {
     /// The operation for `key`, if any.
     pub async fn get(&self, key: &IdempotencyKey) -> Result<Option<Operation>, JournalError> {
-        Ok(sqlx::query_as(select_operations!("WHERE idempotency_key = $1"))
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_as(select_operations!("WHERE idempotency_key = $1"))
+                .bind(key.as_str())
+                .fetch_optional(&self.pool)
+                .await?,
+        )
     }
 
     /// The article's first query: a workflow's operations in creation order.
     pub async fn by_workflow(&self, workflow_id: &str) -> Result<Vec<Operation>, JournalError> {
-        Ok(sqlx::query_as(select_operations!("WHERE workflow_id = $1 ORDER BY created_at, idempotency_key"))
+        Ok(sqlx::query_as(select_operations!(
+            "WHERE workflow_id = $1 ORDER BY created_at, idempotency_key"
+        ))
         .bind(workflow_id)
         .fetch_all(&self.pool)
         .await?)
@@ -48,7 +52,12 @@ impl Journal {
     /// Record that an intent with this key but another payload (or action type) was
     /// refused: an audit row with `reason = 'conflict'` and the offered hash as error
     /// detail; the operation itself is unchanged.
-    pub async fn record_conflict(&self, key: &IdempotencyKey, offered: &PayloadHash, actor: &str) -> Result<(), JournalError> {
+    pub async fn record_conflict(
+        &self,
+        key: &IdempotencyKey,
+        offered: &PayloadHash,
+        actor: &str,
+    ) -> Result<(), JournalError> {
         sqlx::query(
             "INSERT INTO operation_events (idempotency_key, from_status, to_status, attempt, actor, reason, error_code) \
              SELECT idempotency_key, status, status, attempt_count, $2, 'conflict', $3 \

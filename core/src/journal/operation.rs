@@ -73,7 +73,10 @@ macro_rules! select_operations {
 pub(crate) use select_operations;
 
 fn decode<T: std::fmt::Display>(col: &str, e: T) -> sqlx::Error {
-    sqlx::Error::ColumnDecode { index: col.into(), source: e.to_string().into() }
+    sqlx::Error::ColumnDecode {
+        index: col.into(),
+        source: e.to_string().into(),
+    }
 }
 
 impl<'r> FromRow<'r, PgRow> for Operation {
@@ -170,10 +173,18 @@ impl From<sqlx::Error> for JournalError {
             // 08xxx connection exceptions, 57P01..03 admin/crash shutdown (pg_terminate_backend),
             // 53xxx insufficient resources, 40001/40P01 serialization failure / deadlock.
             sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-                c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") || c == "40001" || c == "40P01"
+                c.starts_with("08")
+                    || c.starts_with("57P")
+                    || c.starts_with("53")
+                    || c == "40001"
+                    || c == "40P01"
             }),
             _ => false,
         };
-        if transient { Self::Unavailable(e) } else { Self::Database(e) }
+        if transient {
+            Self::Unavailable(e)
+        } else {
+            Self::Database(e)
+        }
     }
 }

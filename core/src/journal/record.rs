@@ -5,7 +5,7 @@
 //! hash is a *duplicate* (report its status and saved result); anything else is a
 //! *conflict* — an error, never a retry, and the row is left untouched.
 
-use super::operation::{select_operations, Operation};
+use super::operation::{Operation, select_operations};
 use super::{Journal, JournalError};
 use crate::intent::Envelope;
 use crate::status::{Move, Status, transition};
@@ -25,14 +25,20 @@ pub enum Recorded {
 impl Journal {
     /// Record one intent as `planned` (see [`Journal::record_many`]).
     pub async fn record(&self, envelope: &Envelope, actor: &str) -> Result<Recorded, JournalError> {
-        let mut out = self.record_many(std::slice::from_ref(envelope), actor).await?;
+        let mut out = self
+            .record_many(std::slice::from_ref(envelope), actor)
+            .await?;
         Ok(out.pop().unwrap_or(Recorded::New))
     }
 
     /// Record a batch of intents in one statement; one result per input, in order. A key
     /// repeated inside the batch is recorded once and reported as a duplicate (or a
     /// conflict) of itself for its later occurrences.
-    pub async fn record_many(&self, envelopes: &[Envelope], actor: &str) -> Result<Vec<Recorded>, JournalError> {
+    pub async fn record_many(
+        &self,
+        envelopes: &[Envelope],
+        actor: &str,
+    ) -> Result<Vec<Recorded>, JournalError> {
         debug_assert!(transition(None, Status::Planned) == Some(Move::Record));
         if envelopes.is_empty() {
             return Ok(Vec::new());
@@ -85,7 +91,10 @@ impl Journal {
                     return Recorded::New;
                 }
                 match rows.get(e.key.as_str()) {
-                    Some(op) if op.action_type == e.intent.identity.action_type.as_str() && op.payload_hash == e.payload_hash.as_str() => {
+                    Some(op)
+                        if op.action_type == e.intent.identity.action_type.as_str()
+                            && op.payload_hash == e.payload_hash.as_str() =>
+                    {
                         Recorded::Duplicate(Box::new(op.clone()))
                     }
                     Some(op) => Recorded::Conflict(Box::new(op.clone())),
@@ -97,15 +106,22 @@ impl Journal {
     }
 
     /// Rows for a set of keys (as text), by key.
-    pub(crate) async fn get_many_by_text(&self, keys: &[String]) -> Result<HashMap<String, Operation>, JournalError> {
+    pub(crate) async fn get_many_by_text(
+        &self,
+        keys: &[String],
+    ) -> Result<HashMap<String, Operation>, JournalError> {
         if keys.is_empty() {
             return Ok(HashMap::new());
         }
-        let rows: Vec<Operation> = sqlx::query_as(select_operations!("WHERE idempotency_key = ANY($1)"))
-            .bind(keys)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.into_iter().map(|op| (op.key.as_str().to_owned(), op)).collect())
+        let rows: Vec<Operation> =
+            sqlx::query_as(select_operations!("WHERE idempotency_key = ANY($1)"))
+                .bind(keys)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|op| (op.key.as_str().to_owned(), op))
+            .collect())
     }
 }
 
@@ -134,6 +150,7 @@ impl Columns {
         self.objects.push(id.business_object.clone());
         self.revisions.push(id.revision);
         self.hashes.push(e.payload_hash.as_str().to_owned());
-        self.payloads.push(serde_json::Value::Object(e.intent.payload.clone()).to_string());
+        self.payloads
+            .push(serde_json::Value::Object(e.intent.payload.clone()).to_string());
     }
 }

@@ -1,0 +1,66 @@
+//! Metric names (the only place they are spelled) and the Prometheus exporter.
+//!
+//! Labels are bounded: action type, provider, status, outcome, verdict, reason — never
+//! keys, tenants or workflows. Histograms get explicit buckets, because without them the
+//! exporter renders summaries and `histogram_quantile` panels stay empty.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use std::net::SocketAddr;
+
+/// Intents recorded by producers, by `result` (enqueued, duplicate, conflict, failed).
+pub const INTENTS_ENQUEUED: &str = "oncely_intents_enqueued_total";
+/// Deliveries by `action_type` and `verdict` (claimed, duplicate, in_flight, unknown, conflict, invalid, requeued).
+pub const DELIVERIES: &str = "oncely_deliveries_total";
+/// Messages dead-lettered as invalid, by `reason`.
+pub const INVALID_MESSAGES: &str = "oncely_invalid_messages_total";
+/// Status transitions made by this process, by `action_type` and `status`.
+pub const TRANSITIONS: &str = "oncely_transitions_total";
+/// Provider call latency (seconds), by `provider` and `outcome`.
+pub const PROVIDER_CALL_SECONDS: &str = "oncely_provider_call_seconds";
+/// Deliveries per claim statement.
+pub const CLAIM_BATCH_SIZE: &str = "oncely_claim_batch_size";
+/// Journal statement latency (seconds), by `statement`.
+pub const JOURNAL_STATEMENT_SECONDS: &str = "oncely_journal_statement_seconds";
+/// Reconciler decisions, by `action_type` and `decision`.
+pub const RECONCILE_DECISIONS: &str = "oncely_reconcile_decisions_total";
+/// Reviews opened, by `action_type`.
+pub const REVIEWS_OPENED: &str = "oncely_reviews_opened_total";
+/// Reviews open now (gauge, from the reconciler).
+pub const REVIEWS_OPEN: &str = "oncely_reviews_open";
+/// Sweeper actions, by `action`.
+pub const SWEEPER_ACTIONS: &str = "oncely_sweeper_actions_total";
+/// Publishes, by `kind` (intent, outcome, reconcile, dead_letter) and `result` (confirmed, failed).
+pub const PUBLISHES: &str = "oncely_publishes_total";
+/// Time from an operation's creation to a terminal state (seconds), by `action_type` and `status`.
+pub const TIME_TO_TERMINAL_SECONDS: &str = "oncely_time_to_terminal_seconds";
+/// Operations by `status` (gauge, from the reconciler).
+pub const OPERATIONS: &str = "oncely_operations";
+/// Connection (re)establishments, by `kind` (amqp) and `result`.
+pub const CONNECTIONS: &str = "oncely_connections_total";
+
+/// Latency buckets (seconds): 1 ms … 60 s.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Batch-size buckets.
+pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// Install the global recorder and serve `/metrics` on `addr` (port 0 = disabled).
+pub fn install(addr: Option<SocketAddr>) -> Result<(), String> {
+    let mut b = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(CLAIM_BATCH_SIZE.into()), BATCH_BUCKETS)
+        })
+        .map_err(|e| e.to_string())?;
+    match addr {
+        Some(a) if a.port() != 0 => b = b.with_http_listener(a),
+        _ => {
+            // No listener: still install so metric calls are cheap no-ops elsewhere.
+            let recorder = b.build_recorder();
+            return metrics::set_global_recorder(recorder).map_err(|e| e.to_string());
+        }
+    }
+    b.install()
+        .map_err(|e| format!("cannot serve metrics on {addr:?}: {e}"))
+}

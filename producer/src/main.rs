@@ -1,0 +1,17 @@
+//! `oncely-producer`: see `oncely-producer --help`.
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() {
+    oncely_core::telemetry::init();
+    let cli = oncely_producer::cli::Cli::parse();
+    let code = match oncely_producer::cli::run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}

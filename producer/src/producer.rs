@@ -1,0 +1,268 @@
+//! The producer SDK: record, then publish with confirms (pipelined in bulk).
+
+use oncely_core::config::Config;
+use oncely_core::intent::EnvelopeError;
+use oncely_core::journal::{Journal, JournalError, Operation, Recorded};
+use oncely_core::metrics as m;
+use oncely_core::publish::{Pending, PublishError, Publisher};
+use oncely_core::topology::{self, Topology};
+use oncely_core::{Envelope, IdempotencyKey, Intent, KeySecret, Status};
+use serde::Serialize;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Most intents recorded per journal statement in bulk paths.
+const RECORD_CHUNK: usize = 500;
+
+/// What enqueueing one intent did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Enqueued {
+    /// Recorded and published.
+    Enqueued {
+        /// The key.
+        key: IdempotencyKey,
+    },
+    /// The same intent was enqueued before; this is where it stands.
+    Duplicate {
+        /// The key.
+        key: IdempotencyKey,
+        /// Its status now.
+        status: Status,
+        /// The saved result, when it succeeded.
+        result: Option<Value>,
+        /// The provider's id, when it succeeded.
+        provider_operation_id: Option<String>,
+    },
+    /// The key exists with another payload or action type: refused.
+    Conflict {
+        /// The key.
+        key: IdempotencyKey,
+        /// The payload hash the journal holds for it.
+        existing_payload_hash: String,
+    },
+}
+
+/// Why an intent could not be enqueued.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    /// The intent is invalid (fix it; retrying will not help).
+    #[error("invalid intent: {0}")]
+    Invalid(#[from] EnvelopeError),
+    /// The journal failed (see `is_retryable`).
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// Recorded, but the publish failed: the sweeper will republish it; retrying the
+    /// enqueue is also safe.
+    #[error("recorded but not published ({0}); the sweeper republishes it")]
+    Publish(#[from] PublishError),
+    /// Could not connect.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+}
+
+/// A connected producer (cheap to share behind an `Arc`).
+#[derive(Debug)]
+pub struct Producer {
+    journal: Journal,
+    publisher: Publisher,
+    topology: Topology,
+    secret: KeySecret,
+    actor: String,
+    _conn: lapin::Connection,
+}
+
+impl Producer {
+    /// Connect to Postgres (migrated by the workers or `oncely-worker migrate`) and
+    /// RabbitMQ, and declare the topology for the configured actions.
+    pub async fn connect(config: &Config, secret: KeySecret) -> Result<Self, ProducerError> {
+        let pool = oncely_core::db::connect(
+            &config.database_url,
+            &oncely_core::db::PoolSettings::default(),
+        )
+        .await
+        .map_err(|e| ProducerError::Connect(e.to_string()))?;
+        let conn = topology::connect(&config.broker.url, "oncely-producer")
+            .await
+            .map_err(|e| {
+                ProducerError::Connect(format!(
+                    "RabbitMQ at {}: {e}",
+                    topology::describe_amqp(&config.broker.url)
+                ))
+            })?;
+        let topology = Topology::new(&config.broker);
+        let publisher = Publisher::open(&conn)
+            .await
+            .map_err(|e| ProducerError::Connect(e.to_string()))?;
+        let actions: Vec<&str> = config.actions.keys().map(String::as_str).collect();
+        topology
+            .declare(publisher.channel(), &actions)
+            .await
+            .map_err(|e| ProducerError::Connect(format!("declaring topology: {e}")))?;
+        Ok(Self {
+            journal: Journal::new(pool),
+            publisher,
+            topology,
+            secret,
+            actor: format!("producer@{}", std::process::id()),
+            _conn: conn,
+        })
+    }
+
+    /// The journal this producer records into.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// Key and hash an intent without recording it.
+    pub fn seal(&self, intent: Intent) -> Result<Envelope, ProducerError> {
+        Ok(intent.seal(&self.secret)?)
+    }
+
+    /// Enqueue one intent.
+    pub async fn enqueue(&self, intent: Intent) -> Result<Enqueued, ProducerError> {
+        self.enqueue_many(vec![intent])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(ProducerError::Connect("empty batch".into())))
+    }
+
+    /// Enqueue many: record in batches, publish them all, then await the confirms
+    /// together. One result per intent, in order; a failure of the whole batch (journal
+    /// down) is the outer error.
+    pub async fn enqueue_many(
+        &self,
+        intents: Vec<Intent>,
+    ) -> Result<Vec<Result<Enqueued, ProducerError>>, ProducerError> {
+        let mut results: Vec<Option<Result<Enqueued, ProducerError>>> =
+            Vec::with_capacity(intents.len());
+        let mut sealed: Vec<(usize, Envelope)> = Vec::with_capacity(intents.len());
+        for (i, intent) in intents.into_iter().enumerate() {
+            match intent.seal(&self.secret) {
+                Ok(e) => {
+                    sealed.push((i, e));
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e.into()))),
+            }
+        }
+        let mut pending: Vec<(usize, IdempotencyKey, Pending)> = Vec::new();
+        for chunk in sealed.chunks(RECORD_CHUNK) {
+            let envelopes: Vec<Envelope> = chunk.iter().map(|(_, e)| e.clone()).collect();
+            let recorded =
+                timed("record", self.journal.record_many(&envelopes, &self.actor)).await?;
+            for ((i, env), rec) in chunk.iter().zip(recorded) {
+                let publish = match &rec {
+                    Recorded::New => true,
+                    // Still planned: an earlier publish may have been lost; another copy is harmless.
+                    Recorded::Duplicate(op) => op.status == Status::Planned,
+                    Recorded::Conflict(_) => false,
+                };
+                results[*i] = Some(Ok(match rec {
+                    Recorded::New => Enqueued::Enqueued {
+                        key: env.key.clone(),
+                    },
+                    Recorded::Duplicate(op) => duplicate(&op),
+                    Recorded::Conflict(op) => Enqueued::Conflict {
+                        key: env.key.clone(),
+                        existing_payload_hash: op.payload_hash.clone(),
+                    },
+                }));
+                if publish {
+                    match self.publish_envelope(env).await {
+                        Ok(p) => pending.push((*i, env.key.clone(), p)),
+                        Err(e) => results[*i] = Some(Err(e)),
+                    }
+                }
+            }
+        }
+        for (i, key, p) in pending {
+            if let Err(e) = p.confirmed().await {
+                tracing::warn!(%key, error = %e, "publish not confirmed; the sweeper will republish");
+                metrics::counter!(m::PUBLISHES, "kind" => "intent", "result" => "failed")
+                    .increment(1);
+                results[i] = Some(Err(e.into()));
+            } else {
+                metrics::counter!(m::PUBLISHES, "kind" => "intent", "result" => "confirmed")
+                    .increment(1);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| {
+                let r =
+                    r.unwrap_or_else(|| Err(ProducerError::Connect("internal: no result".into())));
+                let label = match &r {
+                    Ok(Enqueued::Enqueued { .. }) => "enqueued",
+                    Ok(Enqueued::Duplicate { .. }) => "duplicate",
+                    Ok(Enqueued::Conflict { .. }) => "conflict",
+                    Err(_) => "failed",
+                };
+                metrics::counter!(m::INTENTS_ENQUEUED, "result" => label).increment(1);
+                r
+            })
+            .collect())
+    }
+
+    /// Publish an already-recorded envelope (mandatory, persistent); await `confirmed()`.
+    pub async fn publish_envelope(&self, env: &Envelope) -> Result<Pending, ProducerError> {
+        let action = env.intent.identity.action_type.as_str();
+        Ok(self
+            .publisher
+            .publish(
+                &self.topology.actions_exchange(),
+                action,
+                &env.to_bytes(),
+                true,
+                None,
+                Some(env.key.as_str()),
+            )
+            .await?)
+    }
+
+    /// The operation for a key, if any.
+    pub async fn status(&self, key: &IdempotencyKey) -> Result<Option<Operation>, ProducerError> {
+        Ok(self.journal.get(key).await?)
+    }
+
+    /// Wait until the operation is terminal (or stuck for a person), polling the journal
+    /// with a gentle backoff; `None` when `timeout` passes first.
+    pub async fn wait(
+        &self,
+        key: &IdempotencyKey,
+        timeout: Duration,
+    ) -> Result<Option<Operation>, ProducerError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut delay = Duration::from_millis(10);
+        loop {
+            if let Some(op) = self.journal.get(key).await?
+                && op.status.is_terminal()
+            {
+                return Ok(Some(op));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(delay.min(deadline - now)).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    }
+}
+
+fn duplicate(op: &Operation) -> Enqueued {
+    Enqueued::Duplicate {
+        key: op.key.clone(),
+        status: op.status,
+        result: op.result_json.clone(),
+        provider_operation_id: op.provider_operation_id.clone(),
+    }
+}
+
+async fn timed<T>(statement: &'static str, f: impl std::future::Future<Output = T>) -> T {
+    let start = std::time::Instant::now();
+    let out = f.await;
+    metrics::histogram!(m::JOURNAL_STATEMENT_SECONDS, "statement" => statement)
+        .record(start.elapsed().as_secs_f64());
+    out
+}

@@ -1,0 +1,355 @@
+//! A whole oncely fleet for one test: a fresh database, an in-process sandbox, a unique
+//! broker prefix, a config file, and real `oncely-worker` processes spawned from the
+//! workspace's binaries (built on first use if `cargo test` did not build them).
+
+use crate::{TestDb, amqp_url, unique_name};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+use oncely_core::KeySecret;
+use oncely_core::config::Config;
+use oncely_core::topology::Topology;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use tokio::process::{Child, Command};
+
+/// The secret every test fleet uses.
+pub const SECRET: &str = "test-secret-do-not-use";
+
+/// The test key secret.
+pub fn secret() -> KeySecret {
+    KeySecret::new(SECRET.as_bytes().to_vec()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Path of a workspace binary next to the test executable (`target/<profile>/NAME`),
+/// building the binaries once if they are missing.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let path = dir.join(name);
+    if !path.exists() {
+        BUILT.get_or_init(|| {
+            let status = std::process::Command::new(env!("CARGO"))
+                .args([
+                    "build",
+                    "--bins",
+                    "-p",
+                    "oncely-worker",
+                    "-p",
+                    "oncely-producer",
+                    "-p",
+                    "oncely-sandbox",
+                ])
+                .status()
+                .unwrap_or_else(|e| panic!("cargo build: {e}"));
+            assert!(status.success(), "building the binaries failed");
+        });
+    }
+    assert!(path.exists(), "{} not found", path.display());
+    path
+}
+
+/// A spawned process, killed when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    /// The child.
+    pub child: Child,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    /// Send a signal by name (`KILL`, `TERM`, `STOP`, `CONT`).
+    pub fn signal(&self, sig: &str) {
+        let _ = std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status();
+    }
+
+    /// SIGKILL and reap.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// What it logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// A fleet's shared pieces.
+#[derive(Debug)]
+pub struct Fleet {
+    /// The database.
+    pub db: TestDb,
+    /// The sandbox (in process).
+    pub sandbox: oncely_sandbox::Sandbox,
+    /// The broker prefix.
+    pub prefix: String,
+    /// A directory for the config file and logs.
+    pub dir: PathBuf,
+    /// The config file.
+    pub config_path: PathBuf,
+    /// The loaded config (same as the file).
+    pub config: Config,
+    /// A broker connection for the test itself.
+    pub conn: Connection,
+    /// A channel on it.
+    pub channel: Channel,
+    spawned: std::sync::atomic::AtomicUsize,
+}
+
+impl Fleet {
+    /// A fleet whose providers all use the given timeout (e.g. "5s") and lease (e.g. "1m").
+    pub async fn new() -> Fleet {
+        Self::with_tuning("5s", "1m", "").await
+    }
+
+    /// A fleet with a provider timeout, a lease, and extra TOML appended to the config.
+    pub async fn with_tuning(timeout: &str, lease: &str, extra: &str) -> Fleet {
+        let db = TestDb::new().await;
+        let sandbox =
+            oncely_sandbox::spawn("127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")))
+                .await
+                .unwrap_or_else(|e| panic!("sandbox: {e}"));
+        let prefix = unique_name("t");
+        let dir = std::env::temp_dir().join(&prefix);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let base = sandbox.base_url();
+        let mut toml = format!(
+            "database_url = \"{db}\"\n[broker]\nurl = \"{amqp}\"\nprefix = \"{prefix}\"\n[worker]\nprefetch = 64\nmax_in_flight = 32\nbatch = 32\ndb_connections = 4\n",
+            db = db.url,
+            amqp = amqp_url()
+        );
+        for (action, provider, path, on_unknown) in [
+            (
+                "email.send",
+                "mail",
+                "/v1/emails",
+                "reconcile_then_retry_if_absent",
+            ),
+            (
+                "ticket.create",
+                "tickets",
+                "/v1/tickets",
+                "reconcile_then_retry_if_absent",
+            ),
+            (
+                "payment_order.create",
+                "bank",
+                "/v1/payment-orders",
+                "reconcile_then_review",
+            ),
+        ] {
+            toml.push_str(&format!(
+                "[actions.\"{action}\"]\nprovider = \"{provider}\"\nlease = \"{lease}\"\nretry_delay = \"200ms\"\non_unknown = \"{on_unknown}\"\n\
+                 [providers.{provider}]\nbase_url = \"{base}\"\nexecute_path = \"{path}\"\nlookup_path = \"{path}?idempotency_key={{key}}\"\n\
+                 lookup_by_reference_path = \"{path}?reference={{reference}}\"\nkey_retention = \"24h\"\nconnect_timeout = \"1s\"\ntimeout = \"{timeout}\"\n"
+            ));
+        }
+        toml.push_str(extra);
+        let config_path = dir.join("oncely.toml");
+        std::fs::write(&config_path, &toml).unwrap_or_else(|e| panic!("{e}"));
+        let config = Config::from_toml(&toml, "test", std::iter::empty())
+            .unwrap_or_else(|e| panic!("test config: {e}"));
+        let conn = oncely_core::topology::connect(&amqp_url(), "oncely-test")
+            .await
+            .unwrap_or_else(|e| panic!("RabbitMQ: {e}"));
+        let channel = conn
+            .create_channel()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let topology = Topology::new(&config.broker);
+        let actions: Vec<&str> = config.actions.keys().map(String::as_str).collect();
+        topology
+            .declare(&channel, &actions)
+            .await
+            .unwrap_or_else(|e| panic!("declare: {e}"));
+        Fleet {
+            db,
+            sandbox,
+            prefix,
+            dir,
+            config_path,
+            config,
+            conn,
+            channel,
+            spawned: Default::default(),
+        }
+    }
+
+    /// Names for this fleet.
+    pub fn topology(&self) -> Topology {
+        Topology::new(&self.config.broker)
+    }
+
+    /// An SDK producer for this fleet.
+    pub async fn producer(&self) -> oncely_producer::Producer {
+        oncely_producer::Producer::connect(&self.config, secret())
+            .await
+            .unwrap_or_else(|e| panic!("producer: {e}"))
+    }
+
+    /// Spawn `oncely-worker <args…>` with this fleet's config; stderr goes to a log file.
+    pub fn spawn(&self, args: &[&str]) -> Proc {
+        let n = self
+            .spawned
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = self.dir.join(format!(
+            "{}-{n}.log",
+            args.first().copied().unwrap_or("proc")
+        ));
+        let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new(binary("oncely-worker"))
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(args)
+            .env("ONCELY_KEY_SECRET", SECRET)
+            .env("ONCELY_LOG_FORMAT", "json")
+            .env(
+                "RUST_LOG",
+                std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn oncely-worker: {e}"));
+        Proc { child, log }
+    }
+
+    /// Spawn an action worker.
+    pub fn worker(&self) -> Proc {
+        self.spawn(&["run"])
+    }
+
+    /// Publish raw bytes to the actions exchange with `routing_key` (confirmed).
+    pub async fn publish_raw(&self, routing_key: &str, body: &[u8]) {
+        let ch = self
+            .conn
+            .create_channel()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        ch.confirm_select(Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let confirm = ch
+            .basic_publish(
+                self.topology().actions_exchange().into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                body,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(confirm, lapin::Confirmation::Ack(None)),
+            "publish not routed: {confirm:?}"
+        );
+        let _ = ch.close(200, "done".into()).await;
+    }
+
+    /// Ready messages in a queue (passive declare).
+    pub async fn ready(&self, queue: &str) -> u32 {
+        let q = self
+            .channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{queue}: {e}"));
+        q.message_count()
+    }
+
+    /// Ready + unacknowledged messages of a queue, from `rabbitmqctl` (the broker's view).
+    pub fn depth(&self, queue: &str) -> (u64, u64) {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args([
+                "-q",
+                "list_queues",
+                "name",
+                "messages_ready",
+                "messages_unacknowledged",
+            ])
+            .output()
+            .unwrap_or_else(|e| panic!("rabbitmqctl: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        for line in text.lines() {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() == 3 && cols[0] == queue {
+                return (
+                    cols[1].parse().unwrap_or(u64::MAX),
+                    cols[2].parse().unwrap_or(u64::MAX),
+                );
+            }
+        }
+        panic!("queue {queue} not listed by rabbitmqctl");
+    }
+
+    /// Count of operations in a status.
+    pub async fn count(&self, status: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM agent_operations WHERE status = $1")
+            .bind(status)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let topology = self.topology();
+        let actions: Vec<String> = self.config.actions.keys().cloned().collect();
+        let channel = self.channel.clone();
+        let url = amqp_url();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async move {
+                // The test's own channel may be closed by then: use a fresh connection.
+                let _ = channel;
+                let conn = oncely_core::topology::connect(&url, "oncely-test-cleanup")
+                    .await
+                    .ok()?;
+                let ch = conn.create_channel().await.ok()?;
+                let refs: Vec<&str> = actions.iter().map(String::as_str).collect();
+                let _ = topology.delete(&ch, &refs).await;
+                let _ = conn.close(200, "bye".into()).await;
+                Some(())
+            })
+        })
+        .join();
+        // Keep the logs of a failed test for reading.
+        if std::thread::panicking() {
+            eprintln!("fleet logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,489 @@
+//! The journal against real Postgres: races, leases, compare-and-set, the audit trail,
+//! the database's own constraints, and the article's inspection queries.
+
+use oncely_core::journal::{
+    ClaimOutcome, ClaimRequest, Completion, Journal, JournalError, NotClaimed, Recorded, Verdict,
+};
+use oncely_core::{Envelope, Intent, KeySecret, Status};
+use oncely_tests::{TestDb, eventually};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+const LEASE: Duration = Duration::from_secs(120);
+
+fn secret() -> KeySecret {
+    KeySecret::new(b"test-secret-do-not-use".to_vec()).expect("secret")
+}
+
+fn envelope(workflow: &str, object: &str, payload: Value) -> Envelope {
+    Intent::from_json(json!({
+        "action_type": "payment_order.create", "workflow_id": workflow, "step": "pay_grant",
+        "business_object": object, "revision": 1, "payload": payload
+    }))
+    .expect("intent")
+    .seal(&secret())
+    .expect("seal")
+}
+
+fn pay(amount: i64) -> Value {
+    json!({"account_id": "example-account", "amount_minor": amount, "currency": "RUB", "business_reference": "application-731"})
+}
+
+async fn claim_one(j: &Journal, e: &Envelope, owner: &str, lease: Duration) -> ClaimOutcome {
+    j.claim(&[ClaimRequest { envelope: e, lease }], owner)
+        .await
+        .expect("claim")
+        .remove(0)
+}
+
+fn claimed(o: &ClaimOutcome) -> i32 {
+    match o {
+        ClaimOutcome::Claimed(c) => c.attempt,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+fn not_claimed(o: &ClaimOutcome) -> NotClaimed {
+    match o {
+        ClaimOutcome::NotClaimed { why, .. } => *why,
+        other => panic!("expected no claim, got {other:?}"),
+    }
+}
+
+fn success(e: &Envelope, attempt: i32, id: &str) -> Completion {
+    Completion {
+        key: e.key.clone(),
+        expected: Status::Executing,
+        attempt,
+        verdict: Verdict::Succeeded {
+            provider_operation_id: id.into(),
+            result: json!({"id": id}),
+        },
+        reason: "provider_succeeded".into(),
+    }
+}
+
+async fn row_count(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM agent_operations")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count")
+}
+
+/// Two workers race for the same key, 50 times (25 on a `planned` row, 25 where the
+/// claim must insert the row itself): exactly one wins every time, one row per key.
+#[tokio::test]
+async fn two_concurrent_claims_one_winner_fifty_times() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    for round in 0..50 {
+        let e = Arc::new(envelope("race", &format!("obj-{round}"), pay(round)));
+        if round % 2 == 0 {
+            assert_eq!(
+                j.record(&e, "producer").await.expect("record"),
+                Recorded::New
+            );
+        }
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let tasks: Vec<_> = ["worker-a", "worker-b"]
+            .into_iter()
+            .map(|owner| {
+                let (j, e, barrier) = (j.clone(), e.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    claim_one(&j, &e, owner, LEASE).await
+                })
+            })
+            .collect();
+        let mut wins = 0;
+        for t in tasks {
+            match t.await.expect("task") {
+                ClaimOutcome::Claimed(c) => {
+                    assert_eq!(c.attempt, 1);
+                    wins += 1;
+                }
+                ClaimOutcome::NotClaimed { why, .. } => assert_eq!(why, NotClaimed::LeaseLive),
+            }
+        }
+        assert_eq!(wins, 1, "round {round}: exactly one claim wins");
+    }
+    assert_eq!(row_count(&db).await, 50);
+    let events: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM operation_events WHERE reason = 'claim'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("events");
+    assert_eq!(events, 50, "one claim event per key");
+}
+
+#[tokio::test]
+async fn claim_after_success_returns_the_saved_result_without_a_claim() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let e = envelope("case-1842", "application-731", pay(125000));
+    j.record(&e, "producer").await.expect("record");
+    let attempt = claimed(&claim_one(&j, &e, "w1", LEASE).await);
+    assert!(
+        j.complete(&success(&e, attempt, "po_1"), "w1")
+            .await
+            .expect("complete")
+    );
+
+    match claim_one(&j, &e, "w2", LEASE).await {
+        ClaimOutcome::NotClaimed {
+            why: NotClaimed::Terminal,
+            op,
+        } => {
+            assert_eq!(op.status, Status::Succeeded);
+            assert_eq!(op.provider_operation_id.as_deref(), Some("po_1"));
+            assert_eq!(op.result_json, Some(json!({"id": "po_1"})));
+            assert_eq!(op.payload, None, "payload is cleared at a terminal state");
+            assert_eq!(op.attempt_count, 1);
+        }
+        other => panic!("expected terminal, got {other:?}"),
+    }
+    // Recording the same intent again reports a duplicate with the saved result.
+    match j.record(&e, "producer").await.expect("record") {
+        Recorded::Duplicate(op) => assert_eq!(op.result_json, Some(json!({"id": "po_1"}))),
+        other => panic!("expected duplicate, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn same_key_with_another_payload_is_a_conflict_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let original = envelope("case-1842", "application-731", pay(125000));
+    let changed = envelope("case-1842", "application-731", pay(999));
+    assert_eq!(
+        original.key, changed.key,
+        "the key comes from the identity only"
+    );
+    j.record(&original, "producer").await.expect("record");
+    let before = j.get(&original.key).await.expect("get").expect("row");
+
+    assert!(matches!(
+        j.record(&changed, "producer").await.expect("record"),
+        Recorded::Conflict(_)
+    ));
+    assert_eq!(
+        not_claimed(&claim_one(&j, &changed, "w1", LEASE).await),
+        NotClaimed::Conflict
+    );
+    j.record_conflict(&changed.key, &changed.payload_hash, "w1")
+        .await
+        .expect("conflict event");
+
+    let after = j.get(&original.key).await.expect("get").expect("row");
+    assert_eq!(after, before, "row unchanged");
+    let events = j.events(&original.key).await.expect("events");
+    assert_eq!(events.iter().filter(|e| e.reason == "conflict").count(), 1);
+    // The original can still be claimed.
+    assert_eq!(claimed(&claim_one(&j, &original, "w1", LEASE).await), 1);
+}
+
+#[tokio::test]
+async fn a_live_lease_is_never_stolen_and_an_expired_one_is_not_reclaimed() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let live = envelope("leases", "live", pay(1));
+    assert_eq!(claimed(&claim_one(&j, &live, "w1", LEASE).await), 1);
+    assert_eq!(
+        not_claimed(&claim_one(&j, &live, "w2", LEASE).await),
+        NotClaimed::LeaseLive
+    );
+
+    let short = envelope("leases", "short", pay(2));
+    assert_eq!(
+        claimed(&claim_one(&j, &short, "w1", Duration::from_millis(50)).await),
+        1
+    );
+    eventually(
+        "the short lease to expire (database clock)",
+        Duration::from_secs(10),
+        || async {
+            let op = j.get(&short.key).await.expect("get").expect("row");
+            (!op.lease_live).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        not_claimed(&claim_one(&j, &short, "w2", LEASE).await),
+        NotClaimed::LeaseExpired
+    );
+    let op = j.get(&short.key).await.expect("get").expect("row");
+    assert_eq!(
+        (op.status, op.attempt_count, op.lease_owner.as_deref()),
+        (Status::Executing, 1, Some("w1"))
+    );
+}
+
+#[tokio::test]
+async fn a_stale_attempt_cannot_complete_and_every_transition_is_an_event() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let e = envelope("stale", "obj", pay(5));
+    j.record(&e, "producer").await.expect("record");
+    let first = claimed(&claim_one(&j, &e, "w1", LEASE).await);
+    let retry = Completion {
+        key: e.key.clone(),
+        expected: Status::Executing,
+        attempt: first,
+        verdict: Verdict::FailedRetryable {
+            error_code: "connect_refused".into(),
+            retry_in: Duration::ZERO,
+        },
+        reason: "provider_not_sent".into(),
+    };
+    assert!(j.complete(&retry, "w1").await.expect("retryable"));
+    let op = j.get(&e.key).await.expect("get").expect("row");
+    assert!(
+        op.payload.is_some(),
+        "a retryable operation keeps its payload"
+    );
+    let second = claimed(&claim_one(&j, &e, "w2", LEASE).await);
+    assert_eq!(second, 2);
+
+    assert!(
+        !j.complete(&success(&e, first, "po_stale"), "w1")
+            .await
+            .expect("stale"),
+        "stale attempt refused"
+    );
+    assert!(
+        j.complete(&success(&e, second, "po_2"), "w2")
+            .await
+            .expect("current")
+    );
+    assert!(
+        !j.complete(&success(&e, second, "po_again"), "w2")
+            .await
+            .expect("again"),
+        "no second completion"
+    );
+
+    let trail: Vec<(Option<String>, String, i32, String)> = j
+        .events(&e.key)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|ev| (ev.from_status, ev.to_status, ev.attempt, ev.actor))
+        .collect();
+    let s = |x: &str| x.to_owned();
+    assert_eq!(
+        trail,
+        vec![
+            (None, s("planned"), 0, s("producer")),
+            (Some(s("planned")), s("executing"), 1, s("w1")),
+            (Some(s("executing")), s("failed_retryable"), 1, s("w1")),
+            (Some(s("failed_retryable")), s("executing"), 2, s("w2")),
+            (Some(s("executing")), s("succeeded"), 2, s("w2")),
+        ]
+    );
+    let op = j.get(&e.key).await.expect("get").expect("row");
+    assert_eq!(op.provider_operation_id.as_deref(), Some("po_2"));
+}
+
+#[tokio::test]
+async fn unknown_settles_only_from_the_same_attempt_and_moves_outside_the_table_are_refused() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let e = envelope("unknown", "obj", pay(7));
+    let attempt = claimed(&claim_one(&j, &e, "w1", LEASE).await);
+    let unknown = Completion {
+        key: e.key.clone(),
+        expected: Status::Executing,
+        attempt,
+        verdict: Verdict::Unknown {
+            error_code: "timeout_after_send".into(),
+            check_in: Duration::ZERO,
+        },
+        reason: "provider_unknown".into(),
+    };
+    assert!(j.complete(&unknown, "w1").await.expect("unknown"));
+    assert_eq!(
+        not_claimed(&claim_one(&j, &e, "w2", LEASE).await),
+        NotClaimed::Unknown,
+        "unknown is never re-claimed"
+    );
+
+    // A late answer for an older attempt is refused; for the current attempt accepted.
+    let late = |attempt| Completion {
+        expected: Status::Unknown,
+        attempt,
+        ..success(&e, attempt, "po_late")
+    };
+    assert!(
+        !j.complete(&late(attempt + 1), "w1")
+            .await
+            .expect("wrong attempt")
+    );
+    assert!(j.complete(&late(attempt), "w1").await.expect("late answer"));
+
+    // planned -> succeeded is not in the table: refused before any SQL runs.
+    let other = envelope("unknown", "other", pay(8));
+    j.record(&other, "producer").await.expect("record");
+    let bad = Completion {
+        expected: Status::Planned,
+        ..success(&other, 0, "x")
+    };
+    assert!(matches!(
+        j.complete(&bad, "w1").await,
+        Err(JournalError::InvalidTransition { .. })
+    ));
+    assert_eq!(
+        j.get(&other.key).await.expect("get").expect("row").status,
+        Status::Planned
+    );
+}
+
+#[tokio::test]
+async fn batches_fold_repeated_keys_and_answer_in_order() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let a = envelope("batch", "a", pay(1));
+    let b = envelope("batch", "b", pay(2));
+    let b_conflict = envelope("batch", "b", pay(3));
+    let recorded = j
+        .record_many(
+            &[a.clone(), b.clone(), a.clone(), b_conflict.clone()],
+            "producer",
+        )
+        .await
+        .expect("record");
+    assert_eq!(recorded[0], Recorded::New);
+    assert_eq!(recorded[1], Recorded::New);
+    assert!(matches!(recorded[2], Recorded::Duplicate(_)));
+    assert!(matches!(recorded[3], Recorded::Conflict(_)));
+
+    let reqs: Vec<ClaimRequest<'_>> = [&a, &a, &b, &b_conflict]
+        .into_iter()
+        .map(|envelope| ClaimRequest {
+            envelope,
+            lease: LEASE,
+        })
+        .collect();
+    let out = j.claim(&reqs, "w1").await.expect("claim");
+    assert_eq!(claimed(&out[0]), 1);
+    assert_eq!(
+        not_claimed(&out[1]),
+        NotClaimed::LeaseLive,
+        "the repeat sees this batch's own lease"
+    );
+    assert_eq!(claimed(&out[2]), 1);
+    assert_eq!(not_claimed(&out[3]), NotClaimed::Conflict);
+    assert_eq!(row_count(&db).await, 2);
+
+    let done = j
+        .complete_many(&[success(&a, 1, "po_a"), success(&b, 7, "po_b")], "w1")
+        .await
+        .expect("complete");
+    assert_eq!(done, vec![true, false]);
+}
+
+#[tokio::test]
+async fn the_articles_inspection_queries() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    for obj in ["application-731", "application-732", "application-733"] {
+        j.record(&envelope("case-1842", obj, pay(1)), "producer")
+            .await
+            .expect("record");
+    }
+    j.record(&envelope("case-9", "application-1", pay(1)), "producer")
+        .await
+        .expect("record");
+    let ops = j.by_workflow("case-1842").await.expect("by workflow");
+    assert_eq!(ops.len(), 3);
+    assert!(ops.windows(2).all(|w| w[0].created_at <= w[1].created_at));
+    assert!(
+        j.keys_with_several_rows()
+            .await
+            .expect("duplicates")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn the_database_enforces_statuses_states_and_an_append_only_trail() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let e = envelope("constraints", "obj", pay(1));
+    j.record(&e, "producer").await.expect("record");
+    let refused = |sql: &'static str| {
+        let pool = db.pool.clone();
+        let key = e.key.as_str().to_owned();
+        async move {
+            let err = sqlx::query(sql)
+                .bind(key)
+                .execute(&pool)
+                .await
+                .expect_err(sql);
+            err.to_string()
+        }
+    };
+    assert!(refused("UPDATE agent_operations SET status = 'done', attempt_count = 1, first_attempt_at = now() WHERE idempotency_key = $1").await.contains("status_set"));
+    assert!(refused("UPDATE agent_operations SET status = 'executing', attempt_count = 1, first_attempt_at = now() WHERE idempotency_key = $1").await.contains("executing_has_lease"));
+    assert!(refused("UPDATE agent_operations SET status = 'succeeded', attempt_count = 1, first_attempt_at = now(), payload = NULL WHERE idempotency_key = $1").await.contains("succeeded_has_provider_id"));
+    assert!(
+        refused("UPDATE agent_operations SET payload = NULL WHERE idempotency_key = $1")
+            .await
+            .contains("payload_iff_live")
+    );
+    assert!(
+        refused("UPDATE operation_events SET actor = 'mallory' WHERE idempotency_key = $1")
+            .await
+            .contains("append-only")
+    );
+    assert!(
+        refused("DELETE FROM operation_events WHERE idempotency_key = $1")
+            .await
+            .contains("append-only")
+    );
+    let bad_key = sqlx::query("INSERT INTO agent_operations (idempotency_key, action_type, workflow_id, step, business_object, revision, payload_hash, payload, status, last_actor, last_reason) VALUES ('v1:nothex', 'x', 'w', 's', 'b', 1, 'sha256:00', '{}', 'planned', 'a', 'r')")
+        .execute(&db.pool)
+        .await
+        .expect_err("bad key");
+    assert!(bad_key.to_string().contains("key_format"), "{bad_key}");
+    // Every status the Rust enum knows is accepted by the CHECK (the two lists agree).
+    for s in Status::ALL {
+        let ok: bool = sqlx::query_scalar("SELECT $1 = ANY (ARRAY['planned','executing','succeeded','failed_retryable','failed_final','unknown'])")
+            .bind(s.as_str())
+            .fetch_one(&db.pool)
+            .await
+            .expect("check");
+        assert!(ok, "{s}");
+    }
+    let def: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'status_set'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("constraint");
+    for s in Status::ALL {
+        assert!(
+            def.contains(&format!("'{}'", s.as_str())),
+            "{def} lacks {s}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_a_clear_error() {
+    let err = oncely_core::db::connect(
+        "postgres://nobody:sekrit@127.0.0.1:1/nowhere",
+        &oncely_core::db::PoolSettings {
+            max_connections: 1,
+            acquire_timeout: Duration::from_secs(2),
+        },
+    )
+    .await
+    .expect_err("port 1 has no Postgres");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cannot connect to Postgres database nobody@127.0.0.1:1/nowhere"),
+        "{msg}"
+    );
+    assert!(!msg.contains("sekrit"), "password leaked: {msg}");
+}

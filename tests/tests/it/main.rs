@@ -1,0 +1,5 @@
+//! One integration-test binary (one link, shared helpers): real Postgres, real RabbitMQ,
+//! real processes. Each test makes its own database and queue prefix.
+
+mod journal;
+mod pipeline;

@@ -1,0 +1,300 @@
+//! The pipeline end to end: SDK producers and raw AMQP publishers → RabbitMQ → real
+//! `oncely-worker` processes → the sandbox → the journal. Ground truth for "once" is the
+//! sandbox's per-key effect count.
+
+use oncely_core::Intent;
+use oncely_producer::Enqueued;
+use oncely_tests::eventually;
+use oncely_tests::fleet::{Fleet, secret};
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn intent(action: &str, n: usize) -> Intent {
+    let payload = match action {
+        "email.send" => {
+            json!({"to": format!("user-{n}@example.test"), "subject": "Your application", "body": "Approved."})
+        }
+        "ticket.create" => {
+            json!({"title": format!("Review application {n}"), "queue": "ops", "business_reference": format!("app-{n}")})
+        }
+        _ => {
+            json!({"account_id": "example-account", "amount_minor": 1000 + n, "currency": "RUB", "business_reference": format!("application-{n}")})
+        }
+    };
+    Intent::from_json(json!({
+        "action_type": action, "workflow_id": format!("case-{}", n / 10), "step": "step", "business_object": format!("obj-{n}"),
+        "revision": 1, "payload": payload
+    }))
+    .expect("intent")
+}
+
+async fn wait_all_succeeded(fleet: &Fleet, expected: i64) {
+    eventually("every distinct key succeeded", DEADLINE, || async {
+        (fleet.count("succeeded").await == expected).then_some(())
+    })
+    .await;
+}
+
+/// 1,000 intents, 30% of them repeats, from two producers at once; three workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_intents_with_repeats_execute_once_each() {
+    let fleet = Fleet::new().await;
+    let workers: Vec<_> = (0..3).map(|_| fleet.worker()).collect();
+    let actions = ["email.send", "ticket.create", "payment_order.create"];
+    // 700 distinct intents; 300 repeats of earlier ones, split between two producers.
+    let mut all: Vec<Intent> = (0..700).map(|n| intent(actions[n % 3], n)).collect();
+    all.extend((0..300).map(|n| intent(actions[(n * 7 % 700) % 3], n * 7 % 700)));
+    let (a, b): (Vec<_>, Vec<_>) = all.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let (pa, pb) = (fleet.producer().await, fleet.producer().await);
+    let strip = |v: Vec<(usize, Intent)>| v.into_iter().map(|(_, i)| i).collect::<Vec<_>>();
+    let (ra, rb) = tokio::join!(pa.enqueue_many(strip(a)), pb.enqueue_many(strip(b)));
+    let results: Vec<Enqueued> = ra
+        .expect("a")
+        .into_iter()
+        .chain(rb.expect("b"))
+        .map(|r| r.expect("enqueue"))
+        .collect();
+    let new = results
+        .iter()
+        .filter(|r| matches!(r, Enqueued::Enqueued { .. }))
+        .count();
+    assert_eq!(
+        new, 700,
+        "each distinct intent is recorded once, whichever producer came first"
+    );
+
+    wait_all_succeeded(&fleet, 700).await;
+    let effects = fleet.sandbox.effects();
+    assert_eq!(effects.total, 700, "one effect per distinct key");
+    let dups: Vec<&str> = effects.duplicates().map(|(k, _)| k).collect();
+    assert!(dups.is_empty(), "no key with two effects: {dups:?}");
+    let keys: HashSet<String> = sqlx::query_scalar("SELECT idempotency_key FROM agent_operations")
+        .fetch_all(&fleet.db.pool)
+        .await
+        .expect("keys")
+        .into_iter()
+        .collect();
+    assert_eq!(keys.len(), 700);
+    for k in &keys {
+        assert_eq!(effects.count(k), 1, "{k}");
+    }
+    for q in actions.map(|a| fleet.topology().action_queue(a)) {
+        eventually("action queues drained and acked", DEADLINE, || async {
+            (fleet.depth(&q) == (0, 0)).then_some(())
+        })
+        .await;
+    }
+    drop(workers);
+}
+
+/// The same envelope published 20 times at once (no SDK, no planned row) → one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_envelope_twenty_times_is_one_provider_call() {
+    let fleet = Fleet::new().await;
+    let _w1 = fleet.worker();
+    let _w2 = fleet.worker();
+    let env = intent("payment_order.create", 1)
+        .seal(&secret())
+        .expect("seal");
+    let bytes = env.to_bytes();
+    let publishes = (0..20).map(|_| fleet.publish_raw("payment_order.create", &bytes));
+    futures_util::future::join_all(publishes).await;
+    wait_all_succeeded(&fleet, 1).await;
+    let q = fleet.topology().action_queue("payment_order.create");
+    eventually("all 20 deliveries settled", DEADLINE, || async {
+        (fleet.depth(&q) == (0, 0)).then_some(())
+    })
+    .await;
+    let stats = fleet.sandbox.control().stats().await.expect("stats");
+    assert_eq!(
+        stats["executes"]["bank"],
+        json!(1),
+        "one provider call: {stats}"
+    );
+    assert_eq!(fleet.sandbox.effects().count(env.key.as_str()), 1);
+}
+
+/// A worker SIGKILLed after the provider accepted, before it committed: the redelivery
+/// finds a live lease, so no other worker calls the provider again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_call_causes_no_second_call() {
+    let fleet = Fleet::new().await;
+    let control = fleet.sandbox.control();
+    // The bank commits the effect and then never answers (the worker waits up to 5s).
+    control
+        .set_faults_json(&json!({"rules": [{"provider": "bank", "mode": "accept_then_timeout", "rate": 1.0, "times": 1, "hold_ms": 60000}]}))
+        .await
+        .expect("faults");
+    let victim = fleet.worker();
+    let env = intent("payment_order.create", 42)
+        .seal(&secret())
+        .expect("seal");
+    fleet
+        .publish_raw("payment_order.create", &env.to_bytes())
+        .await;
+    eventually("the bank to accept the order", DEADLINE, || async {
+        (fleet.sandbox.effects().count(env.key.as_str()) == 1).then_some(())
+    })
+    .await;
+    victim.kill().await;
+
+    let _other = fleet.worker();
+    let q = fleet.topology().action_queue("payment_order.create");
+    eventually(
+        "the redelivery to be settled by the other worker",
+        DEADLINE,
+        || async { (fleet.depth(&q) == (0, 0)).then_some(()) },
+    )
+    .await;
+    let op = fleet
+        .producer()
+        .await
+        .status(&env.key)
+        .await
+        .expect("status")
+        .expect("row");
+    assert_eq!(
+        op.status,
+        oncely_core::Status::Executing,
+        "left for the sweeper/reconciler, not re-executed"
+    );
+    assert_eq!(op.attempt_count, 1, "one attempt, never a second claim");
+    let stats = control.stats().await.expect("stats");
+    assert_eq!(
+        stats["executes"]["bank"],
+        json!(1),
+        "exactly one provider call: {stats}"
+    );
+    assert_eq!(fleet.sandbox.effects().count(env.key.as_str()), 1);
+}
+
+/// Invalid deliveries are dead-lettered with a reason; the worker keeps going; nothing is
+/// written to the journal for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_deliveries_are_dead_lettered_with_a_reason() {
+    let fleet = Fleet::new().await;
+    let worker = fleet.worker();
+    let good = intent("email.send", 1).seal(&secret()).expect("seal");
+    let mut v2 = good.to_json();
+    v2["schema"] = json!("oncely.intent.v2");
+    let mut forged = good.to_json();
+    forged["revision"] = json!(99);
+    let mut wrong_type = intent("ticket.create", 2)
+        .seal(&secret())
+        .expect("seal")
+        .to_json();
+    wrong_type["action_type"] = json!("email.send"); // key no longer matches
+    let big = {
+        let mut e = good.to_json();
+        e["payload"]["body"] = Value::String("x".repeat(2 * 1024 * 1024));
+        serde_json::to_vec(&e).expect("json")
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("not_json", b"this is not json".to_vec()),
+        ("schema_version", serde_json::to_vec(&v2).expect("json")),
+        ("key_mismatch", serde_json::to_vec(&forged).expect("json")),
+        (
+            "key_mismatch",
+            serde_json::to_vec(&wrong_type).expect("json"),
+        ),
+        ("too_large", big),
+    ];
+    for (_, body) in &cases {
+        fleet.publish_raw("email.send", body).await;
+    }
+    // An action type the fleet has no policy for, published straight into a queue.
+    let dead = fleet.topology().dead_queue();
+    eventually(
+        "all invalid messages in the dead-letter queue",
+        DEADLINE,
+        || async { (fleet.ready(&dead).await as usize == cases.len()).then_some(()) },
+    )
+    .await;
+
+    let mut reasons = Vec::new();
+    for _ in 0..cases.len() {
+        let msg = fleet
+            .channel
+            .basic_get(
+                dead.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .expect("get")
+            .expect("a message");
+        let headers = msg.delivery.properties.headers().clone().expect("headers");
+        let reason = match headers.inner().get("x-oncely-reject-reason") {
+            Some(lapin::types::AMQPValue::LongString(s)) => {
+                String::from_utf8_lossy(s.as_bytes()).into_owned()
+            }
+            other => panic!("reason header missing or not a string: {other:?}"),
+        };
+        reasons.push(reason);
+    }
+    for (want, _) in &cases {
+        assert!(
+            reasons.iter().any(|r| r == want),
+            "{want} not among {reasons:?}"
+        );
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_operations")
+        .fetch_one(&fleet.db.pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 0, "nothing written half-way");
+
+    // The worker is still alive and working.
+    fleet.publish_raw("email.send", &good.to_bytes()).await;
+    wait_all_succeeded(&fleet, 1).await;
+    assert!(
+        !worker.logs().contains(&"x".repeat(64)),
+        "no payload in logs"
+    );
+}
+
+/// A Python agent publishes with pika, following only docs/ and the JSON Schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_agent_can_publish_with_pika() {
+    let fleet = Fleet::new().await;
+    let _w = fleet.worker();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/publish_intent.py");
+    let out = tokio::process::Command::new("python3")
+        .arg(script)
+        .env("ONCELY_KEY_SECRET", oncely_tests::fleet::SECRET)
+        .env("ONCELY_AMQP_URL", oncely_tests::amqp_url())
+        .env("ONCELY_PREFIX", &fleet.prefix)
+        .output()
+        .await
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "python publisher failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_owned();
+    let key = oncely_core::IdempotencyKey::parse(&key).expect("the script prints the key");
+    wait_all_succeeded(&fleet, 1).await;
+    assert_eq!(fleet.sandbox.effects().count(key.as_str()), 1);
+    // Publishing the same intent again from Python changes nothing.
+    let again = tokio::process::Command::new("python3")
+        .arg(script)
+        .env("ONCELY_KEY_SECRET", oncely_tests::fleet::SECRET)
+        .env("ONCELY_AMQP_URL", oncely_tests::amqp_url())
+        .env("ONCELY_PREFIX", &fleet.prefix)
+        .output()
+        .await
+        .expect("python3");
+    assert!(again.status.success());
+    let q = fleet.topology().action_queue("email.send");
+    eventually("the repeat settled", DEADLINE, || async {
+        (fleet.depth(&q) == (0, 0)).then_some(())
+    })
+    .await;
+    assert_eq!(fleet.sandbox.effects().count(key.as_str()), 1);
+}

@@ -1,0 +1,126 @@
+//! The `oncely-worker` command: migrate, run workers, run the demo.
+
+use crate::context::Context;
+use crate::shutdown::Shutdown;
+use clap::{Parser, Subcommand};
+use oncely_core::KeySecret;
+use oncely_core::config::Config;
+use oncely_core::db::{self, PoolSettings};
+use oncely_core::journal::Journal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// oncely workers: execute AI agents' actions once, settle the unknowns.
+#[derive(Debug, Parser)]
+#[command(
+    name = "oncely-worker",
+    version,
+    about,
+    long_about = "oncely workers: execute AI agents' actions once, settle the unknowns.\n\n\
+Postgres comes from DATABASE_URL (or `database_url` in the config), RabbitMQ from ONCELY_AMQP_URL, the key secret from \
+ONCELY_KEY_SECRET_FILE or ONCELY_KEY_SECRET (without it, keys are checked for format only). Logs: RUST_LOG, ONCELY_LOG_FORMAT=json|pretty."
+)]
+pub struct Cli {
+    /// Config file (TOML); default: the built-in config (sandbox providers on localhost:8085).
+    #[arg(long, global = true, env = "ONCELY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9464); off when absent.
+    #[arg(long, global = true, env = "ONCELY_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database if missing and apply migrations, then exit.
+    Migrate,
+    /// Run an action worker: consume, claim, call providers, commit, ack. Stops on SIGTERM/SIGINT.
+    Run {
+        /// Only these action types (repeatable); default: every configured one.
+        #[arg(long = "action")]
+        actions: Vec<String>,
+    },
+    /// The whole pipeline on local Postgres and RabbitMQ: sandbox, two workers, a producer
+    /// and a realistic mix of intents; prints what happened (a throwaway database).
+    Demo(crate::demo::DemoArgs),
+}
+
+/// Load the config, restricted to `only` action types when given.
+pub fn load_config(path: Option<&std::path::Path>, only: &[String]) -> anyhow::Result<Config> {
+    let mut config = Config::load(path)?;
+    if !only.is_empty() {
+        for a in only {
+            if !config.actions.contains_key(a) {
+                anyhow::bail!(
+                    "--action {a}: not configured (configured: {})",
+                    config
+                        .actions
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        config.actions.retain(|k, _| only.contains(k));
+    }
+    Ok(config)
+}
+
+/// Connect (creating and migrating the database) and build a process context.
+pub async fn context(config: Config, role: &str) -> anyhow::Result<Context> {
+    let pool = db::prepare(
+        &config.database_url,
+        &PoolSettings {
+            max_connections: config.worker.db_connections,
+            ..PoolSettings::default()
+        },
+    )
+    .await?;
+    let secret = match KeySecret::from_env() {
+        Ok(s) => Some(s),
+        Err(oncely_core::keys::KeyError::MissingSecret) => {
+            tracing::warn!(
+                "no key secret: idempotency keys are checked for format only, not recomputed"
+            );
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Context::new(config, Journal::new(pool), secret, role)
+}
+
+/// Run the CLI.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Migrate => {
+            let config = Config::load(cli.config.as_deref())?;
+            let created = db::create_if_missing(&config.database_url).await?;
+            let pool = db::connect(
+                &config.database_url,
+                &PoolSettings {
+                    max_connections: 1,
+                    ..PoolSettings::default()
+                },
+            )
+            .await?;
+            db::migrate(&pool, &config.database_url).await?;
+            println!(
+                "{} {} migrated",
+                if created { "created and" } else { "database" },
+                db::describe(&config.database_url)
+            );
+            Ok(())
+        }
+        Command::Run { actions } => {
+            oncely_core::metrics::install(cli.metrics_addr).map_err(anyhow::Error::msg)?;
+            let config = load_config(cli.config.as_deref(), &actions)?;
+            let ctx = context(config, "worker").await?;
+            crate::runner::run(ctx, Shutdown::on_signals()).await
+        }
+        Command::Demo(args) => crate::demo::run(args).await,
+    }
+}

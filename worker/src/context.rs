@@ -1,0 +1,74 @@
+//! What every worker-side process holds: config, journal, providers, names, identity.
+
+use crate::provider::{self, Provider};
+use oncely_core::config::{ActionPolicy, Config};
+use oncely_core::journal::Journal;
+use oncely_core::topology::Topology;
+use oncely_core::{ActionType, KeySecret};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Shared, read-only state of a worker or reconciler process.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// The loaded config.
+    pub config: Arc<Config>,
+    /// The journal.
+    pub journal: Journal,
+    /// Providers by name.
+    pub providers: Arc<BTreeMap<String, Arc<dyn Provider>>>,
+    /// The key secret, when this process holds it (then keys are verified).
+    pub secret: Option<KeySecret>,
+    /// Broker names.
+    pub topology: Topology,
+    /// This process's identity: the lease owner and the event actor.
+    pub owner: String,
+}
+
+impl Context {
+    /// Build from a config and a connected journal.
+    pub fn new(
+        config: Config,
+        journal: Journal,
+        secret: Option<KeySecret>,
+        role: &str,
+    ) -> anyhow::Result<Self> {
+        let providers = provider::build(&config)?;
+        let topology = Topology::new(&config.broker);
+        Ok(Self {
+            config: Arc::new(config),
+            journal,
+            providers: Arc::new(providers),
+            secret,
+            topology,
+            owner: process_id(role),
+        })
+    }
+
+    /// The policy and provider for an action type, if this fleet knows it.
+    pub fn route(&self, action: &ActionType) -> Option<(&ActionPolicy, &Arc<dyn Provider>)> {
+        let policy = self.config.policy(action)?;
+        let provider = self.providers.get(&policy.provider)?;
+        Some((policy, provider))
+    }
+
+    /// The configured action types.
+    pub fn action_types(&self) -> Vec<&str> {
+        self.config.actions.keys().map(String::as_str).collect()
+    }
+}
+
+/// `role@host:pid:nonce` — unique per process start, readable in the audit trail.
+pub fn process_id(role: &str) -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_micros())
+        .unwrap_or(0);
+    format!("{role}@{host}:{}:{nonce:x}", std::process::id())
+}

@@ -1,0 +1,195 @@
+//! From a provider's answer to a journal verdict (DESIGN.md's classification table),
+//! and from a not-claimed row to what to do with the delivery.
+//!
+//! Pure functions, so the rules are unit-tested without a broker or a database.
+
+use crate::provider::Outcome;
+use oncely_core::config::ActionPolicy;
+use oncely_core::journal::{NotClaimed, Verdict};
+use std::time::Duration;
+
+/// The longest a not-sent retry waits.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
+
+/// The journal verdict for an execute outcome of `attempt` under `policy`.
+pub fn verdict(outcome: Outcome, attempt: i32, policy: &ActionPolicy) -> Verdict {
+    match outcome {
+        Outcome::Succeeded {
+            provider_operation_id,
+            result,
+        } => Verdict::Succeeded {
+            provider_operation_id,
+            result,
+        },
+        Outcome::Rejected { code } => Verdict::FailedFinal { error_code: code },
+        Outcome::InFlight => Verdict::Unknown {
+            error_code: "provider_in_flight".into(),
+            check_in: Duration::ZERO,
+        },
+        Outcome::Unknown { code } => Verdict::Unknown {
+            error_code: code,
+            check_in: Duration::ZERO,
+        },
+        Outcome::NotSent { code } if attempt >= policy.max_attempts => Verdict::FailedFinal {
+            error_code: format!("attempts_exhausted:{code}"),
+        },
+        Outcome::NotSent { code } => Verdict::FailedRetryable {
+            error_code: code,
+            retry_in: retry_delay(policy.retry_delay, attempt),
+        },
+    }
+}
+
+/// A bounded metric label for an outcome.
+pub fn outcome_label(o: &Outcome) -> &'static str {
+    match o {
+        Outcome::Succeeded { .. } => "succeeded",
+        Outcome::Rejected { .. } => "rejected",
+        Outcome::InFlight => "in_flight",
+        Outcome::NotSent { .. } => "not_sent",
+        Outcome::Unknown { .. } => "unknown",
+    }
+}
+
+/// `base * 2^(attempt-1)`, capped at [`MAX_RETRY_DELAY`].
+pub fn retry_delay(base: Duration, attempt: i32) -> Duration {
+    let exp = attempt.clamp(1, 20) as u32 - 1;
+    base.saturating_mul(1u32 << exp).min(MAX_RETRY_DELAY)
+}
+
+/// What to do with a delivery whose operation was not claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Ack: the journal already says who owns it (metric verdict given).
+    Ack(&'static str),
+    /// Ack, record the conflict and publish a `conflict` outcome.
+    Conflict,
+    /// Nack with requeue: it may be claimable on the next delivery.
+    Requeue,
+}
+
+/// Decide without calling anyone (DESIGN.md, Execute step 3).
+pub fn disposition(why: NotClaimed) -> Disposition {
+    match why {
+        NotClaimed::Terminal => Disposition::Ack("duplicate"),
+        NotClaimed::LeaseLive => Disposition::Ack("in_flight"),
+        // The sweeper turns it into unknown; the reconciler owns it from there.
+        NotClaimed::LeaseExpired => Disposition::Ack("lease_expired"),
+        NotClaimed::Unknown => Disposition::Ack("unknown"),
+        // The sweeper republishes it when due.
+        NotClaimed::NotDue => Disposition::Ack("not_due"),
+        NotClaimed::Conflict => Disposition::Conflict,
+        NotClaimed::Raced => Disposition::Requeue,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncely_core::config::OnUnknown;
+    use serde_json::json;
+
+    fn policy() -> ActionPolicy {
+        ActionPolicy {
+            provider: "p".into(),
+            lease: Duration::from_secs(60),
+            max_attempts: 3,
+            retry_delay: Duration::from_secs(2),
+            on_unknown: OnUnknown::ReconcileThenReview,
+            max_reconcile_checks: 5,
+        }
+    }
+
+    #[test]
+    fn the_classification_table() {
+        let p = policy();
+        assert!(matches!(
+            verdict(
+                Outcome::Succeeded {
+                    provider_operation_id: "x".into(),
+                    result: json!({})
+                },
+                1,
+                &p
+            ),
+            Verdict::Succeeded { .. }
+        ));
+        assert!(matches!(
+            verdict(
+                Outcome::Rejected {
+                    code: "http_422".into()
+                },
+                1,
+                &p
+            ),
+            Verdict::FailedFinal { .. }
+        ));
+        assert!(matches!(
+            verdict(Outcome::InFlight, 1, &p),
+            Verdict::Unknown { .. }
+        ));
+        assert!(matches!(
+            verdict(
+                Outcome::Unknown {
+                    code: "timeout".into()
+                },
+                1,
+                &p
+            ),
+            Verdict::Unknown { .. }
+        ));
+        assert_eq!(
+            verdict(
+                Outcome::NotSent {
+                    code: "connect_failed".into()
+                },
+                2,
+                &p
+            ),
+            Verdict::FailedRetryable {
+                error_code: "connect_failed".into(),
+                retry_in: Duration::from_secs(4)
+            }
+        );
+        assert_eq!(
+            verdict(
+                Outcome::NotSent {
+                    code: "http_429".into()
+                },
+                3,
+                &p
+            ),
+            Verdict::FailedFinal {
+                error_code: "attempts_exhausted:http_429".into()
+            }
+        );
+    }
+
+    #[test]
+    fn retry_delay_doubles_and_caps() {
+        assert_eq!(
+            retry_delay(Duration::from_secs(1), 1),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            retry_delay(Duration::from_secs(1), 4),
+            Duration::from_secs(8)
+        );
+        assert_eq!(retry_delay(Duration::from_secs(1), 1000), MAX_RETRY_DELAY);
+    }
+
+    #[test]
+    fn unclaimed_deliveries_never_call_anyone() {
+        for why in [
+            NotClaimed::Terminal,
+            NotClaimed::LeaseLive,
+            NotClaimed::LeaseExpired,
+            NotClaimed::Unknown,
+            NotClaimed::NotDue,
+        ] {
+            assert!(matches!(disposition(why), Disposition::Ack(_)), "{why:?}");
+        }
+        assert_eq!(disposition(NotClaimed::Conflict), Disposition::Conflict);
+        assert_eq!(disposition(NotClaimed::Raced), Disposition::Requeue);
+    }
+}

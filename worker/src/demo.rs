@@ -1,0 +1,257 @@
+//! `oncely-worker demo`: the whole pipeline in one process, on a local Postgres and
+//! RabbitMQ, with the sandbox standing in for mail, ticketing and a bank.
+//!
+//! It creates a throwaway database and broker prefix, starts the sandbox and two
+//! workers, enqueues a realistic mix (emails, tickets, payment orders; 20% repeated
+//! intents; a few conflicting payloads under existing keys; a few invalid messages),
+//! waits until everything settles, prints what happened and the sandbox's effect count
+//! per key, then removes what it created (unless `--keep`).
+
+use crate::context::Context;
+use crate::shutdown::Shutdown;
+use oncely_core::config::Config;
+use oncely_core::db::{self, PoolSettings};
+use oncely_core::journal::Journal;
+use oncely_core::publish::Publisher;
+use oncely_core::{Intent, KeySecret};
+use oncely_producer::{Enqueued, Producer};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// Demo options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Distinct intents to enqueue.
+    #[arg(long, default_value_t = 200)]
+    pub intents: usize,
+    /// Postgres server URL; the demo creates its own database on it.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub database_url: String,
+    /// RabbitMQ URL.
+    #[arg(
+        long,
+        env = "ONCELY_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp_url: String,
+    /// Keep the demo database and queues afterwards.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+fn intent(action: &str, n: usize, variant: u64) -> Intent {
+    let payload = match action {
+        "email.send" => {
+            json!({"to": format!("applicant-{n}@example.test"), "subject": "Your application", "template": "approval_notice", "variant": variant})
+        }
+        "ticket.create" => {
+            json!({"title": format!("Verify documents of application {n}"), "queue": "back-office", "business_reference": format!("application-{n}"), "variant": variant})
+        }
+        _ => {
+            json!({"account_id": "example-account", "amount_minor": 125_000 + n as u64 + variant, "currency": "RUB", "business_reference": format!("application-{n}")})
+        }
+    };
+    let step = match action {
+        "email.send" => "send_approval_notice",
+        "ticket.create" => "open_verification_ticket",
+        _ => "pay_grant",
+    };
+    Intent::from_json(
+        json!({"action_type": action, "workflow_id": format!("case-{}", 1800 + n), "step": step,
+        "business_object": format!("application-{n}"), "revision": 1, "payload": payload}),
+    )
+    .unwrap_or_else(|e| unreachable!("demo intents are valid: {e}"))
+}
+
+/// Run the demo.
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let run_id = format!("{}_{}", std::process::id(), chrono::Utc::now().timestamp());
+    let base = args
+        .database_url
+        .rsplit_once('/')
+        .map(|(b, _)| b.to_owned())
+        .unwrap_or_else(|| args.database_url.clone());
+    let db_url = format!("{base}/oncely_demo_{run_id}");
+    println!(
+        "oncely demo — database {}, broker prefix oncely-demo-{run_id}",
+        db::describe(&db_url)
+    );
+
+    let sandbox = oncely_sandbox::spawn("127.0.0.1:0".parse()?).await?;
+    let mut config = Config::load(None)?;
+    config.database_url = db_url.clone();
+    config.broker.url = args.amqp_url.clone();
+    config.broker.prefix = format!("oncely-demo-{run_id}");
+    for p in config.providers.values_mut() {
+        p.base_url = sandbox.base_url();
+    }
+    let pool = db::prepare(&db_url, &PoolSettings::default()).await?;
+    let secret = KeySecret::new(format!("demo-secret-{run_id}").into_bytes())?;
+
+    let (trigger, shutdown) = Shutdown::new();
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        let ctx = Context::new(
+            config.clone(),
+            Journal::new(pool.clone()),
+            Some(secret.clone()),
+            "demo-worker",
+        )?;
+        workers.push(tokio::spawn(crate::runner::run(ctx, shutdown.clone())));
+    }
+
+    // The mix: distinct intents across three action types, 20% repeats, 3 conflicts.
+    let actions = ["email.send", "ticket.create", "payment_order.create"];
+    let distinct = args.intents.max(10);
+    let mut batch: Vec<Intent> = (0..distinct)
+        .map(|n| intent(actions[n % 3], n, 0))
+        .collect();
+    batch.extend((0..distinct / 5).map(|n| intent(actions[(n * 5) % 3], n * 5, 0)));
+    batch.extend((0..3).map(|n| intent(actions[n % 3], n, 1)));
+    let producer = Producer::connect(&config, secret.clone()).await?;
+    let results = producer.enqueue_many(batch).await?;
+    let (mut enqueued, mut dup, mut conflicts, mut failed) = (0, 0, 0, 0);
+    for r in &results {
+        match r {
+            Ok(Enqueued::Enqueued { .. }) => enqueued += 1,
+            Ok(Enqueued::Duplicate { .. }) => dup += 1,
+            Ok(Enqueued::Conflict { .. }) => conflicts += 1,
+            Err(_) => failed += 1,
+        }
+    }
+    // A few invalid messages published straight to the broker, as a buggy agent would.
+    let conn = oncely_core::topology::connect(&config.broker.url, "oncely-demo").await?;
+    let publisher = Publisher::open(&conn).await?;
+    let exchange = oncely_core::topology::Topology::new(&config.broker).actions_exchange();
+    let mut forged = intent("email.send", 0, 0).seal(&secret)?.to_json();
+    forged["revision"] = json!(7);
+    let invalid: Vec<Vec<u8>> = vec![
+        b"{not json".to_vec(),
+        serde_json::to_vec(&forged)?,
+        br#"{"schema":"oncely.intent.v0"}"#.to_vec(),
+    ];
+    for body in &invalid {
+        publisher
+            .publish_confirmed(&exchange, "email.send", body, true, None)
+            .await?;
+    }
+
+    // Wait for every operation to settle and the dead letters to arrive.
+    let journal = Journal::new(pool.clone());
+    let dead_queue = oncely_core::topology::Topology::new(&config.broker).dead_queue();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (succeeded, dead) = loop {
+        let succeeded: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM agent_operations WHERE status = 'succeeded'")
+                .fetch_one(&pool)
+                .await?;
+        let dead = publisher
+            .channel()
+            .queue_declare(
+                dead_queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await?
+            .message_count();
+        if (succeeded as usize >= distinct && dead as usize >= invalid.len())
+            || Instant::now() > deadline
+        {
+            break (succeeded, dead);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let effects = sandbox.effects();
+    let stats = sandbox.control().stats().await?;
+    let calls: u64 = ["mail", "tickets", "bank"]
+        .iter()
+        .map(|p| stats["executes"][p].as_u64().unwrap_or(0))
+        .sum();
+    let max_effects = effects.keys.values().map(|k| k.count).max().unwrap_or(0);
+    let multi = effects.duplicates().count();
+    let _ = journal.keys_with_several_rows().await?;
+
+    println!();
+    println!(
+        "  {:<44} {:>8}",
+        "intents submitted",
+        results.len() + invalid.len()
+    );
+    println!("  {:<44} {:>8}", "enqueued (new operations)", enqueued);
+    println!(
+        "  {:<44} {:>8}",
+        "deduplicated at enqueue (repeated intents)", dup
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "conflicts refused (same key, new payload)", conflicts
+    );
+    println!("  {:<44} {:>8}", "dead-lettered (invalid messages)", dead);
+    println!("  {:<44} {:>8}", "failed to enqueue", failed);
+    println!(
+        "  {:<44} {:>8}",
+        "executed (succeeded in the journal)", succeeded
+    );
+    println!("  {:<44} {:>8}", "provider calls made", calls);
+    println!(
+        "  {:<44} {:>8}",
+        "keys with an effect at the sandbox",
+        effects.keys.len()
+    );
+    println!("  {:<44} {:>8}", "keys with more than one effect", multi);
+    println!("  {:<44} {:>8}", "max effects for one key", max_effects);
+    println!();
+    let ok = multi == 0
+        && succeeded as usize == distinct
+        && effects.keys.len() == distinct
+        && dead as usize == invalid.len();
+    println!(
+        "{} in {:.1}s",
+        if ok {
+            "every action happened exactly once"
+        } else {
+            "MISMATCH: see the figures above"
+        },
+        started.elapsed().as_secs_f64()
+    );
+
+    trigger.fire();
+    for w in workers {
+        let _ = w.await;
+    }
+    if !args.keep {
+        let topology = oncely_core::topology::Topology::new(&config.broker);
+        let _ = topology.delete(publisher.channel(), &actions).await;
+        pool.close().await;
+        if let Ok(admin) = db::connect(
+            &args.database_url,
+            &PoolSettings {
+                max_connections: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS \"oncely_demo_{run_id}\" WITH (FORCE)"
+            )))
+            .execute(&admin)
+            .await;
+        }
+    }
+    let _ = conn.close(200, "demo done".into()).await;
+    sandbox.shutdown().await;
+    if ok {
+        Ok(())
+    } else {
+        anyhow::bail!("the demo found a mismatch")
+    }
+}

@@ -1,0 +1,616 @@
+//! The generic HTTP/JSON adapter: one configured `[providers.NAME]` reached over HTTP/1.
+//!
+//! Why it is careful about *where* a call failed: "the request never left" (connect
+//! refused, DNS, connect timeout) may be retried blindly, while "it may have been
+//! written and we got no answer" (timeout, reset, closed, 5xx) must go to the
+//! reconciler — a blind retry there is how payments happen twice. So the transport
+//! error is classified from what hyper can prove ([`Error::is_connect`], and whether a
+//! connection was ever handed to the request, via [`capture_connection`]), never from
+//! guesses; when in doubt the answer is [`Outcome::Unknown`].
+//!
+//! Payloads and response bodies are never logged and never end up in codes.
+//!
+//! [`Error::is_connect`]: hyper_util::client::legacy::Error::is_connect
+
+use std::error::Error as StdError;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue};
+use hyper::{Method, Request, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use oncely_core::config::{ConfigError, ProviderConfig};
+use serde_json::{Map, Value};
+
+use super::{BoxFuture, Call, Capabilities, Outcome, Provider, Remote};
+
+/// Largest response body read; a bigger one is treated as unreadable.
+const MAX_BODY_BYTES: usize = 1 << 20;
+/// Idle keep-alive connections are closed after this.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Where a lookup-by-reference answer echoes the idempotency key it belongs to.
+const ECHOED_KEY_POINTER: &str = "/idempotency_key";
+
+/// A provider behind the generic HTTP/JSON adapter (see the module docs).
+#[derive(Debug)]
+pub struct HttpProvider {
+    name: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    /// `base_url` without a trailing `/`.
+    base: String,
+    execute_uri: Uri,
+    lookup_path: String,
+    lookup_by_reference_path: String,
+    reference_pointer: String,
+    key_header: HeaderName,
+    id_pointer: String,
+    status_pointer: String,
+    succeeded_values: Vec<String>,
+    rejected_values: Vec<String>,
+    timeout: Duration,
+    capabilities: Capabilities,
+}
+
+/// What one HTTP exchange came to, before classification.
+#[derive(Debug)]
+enum Exchange {
+    /// A status line and a complete body.
+    Answered { status: u16, body: Bytes },
+    /// A status line, then the body could not be read (reset, closed, too large).
+    BodyFailed { status: u16 },
+    /// Provably never written: no connection was ever handed to the request.
+    NotSent(&'static str),
+    /// It may have been written; no (complete) answer.
+    Lost(&'static str),
+}
+
+impl HttpProvider {
+    /// An adapter for `[providers.NAME]`; errors name the field.
+    pub fn new(name: &str, config: &ProviderConfig) -> Result<Self, ConfigError> {
+        let field = |f: &str| format!("providers.{name}.{f}");
+        let invalid = |f: &str, problem: String| ConfigError::Invalid {
+            field: field(f),
+            problem,
+        };
+
+        let base = config.base_url.trim().trim_end_matches('/').to_owned();
+        let base_uri: Uri = base
+            .parse()
+            .map_err(|e| invalid("base_url", format!("not a URL: {e}")))?;
+        if base_uri.scheme_str() != Some("http") || base_uri.authority().is_none() {
+            return Err(invalid("base_url", "must be http://host[:port]".into()));
+        }
+        if base_uri.query().is_some() {
+            return Err(invalid("base_url", "must not carry a query".into()));
+        }
+        let execute_uri: Uri = format!("{base}{}", config.execute_path)
+            .parse()
+            .map_err(|e| {
+                invalid(
+                    "execute_path",
+                    format!("does not make a URL with base_url: {e}"),
+                )
+            })?;
+        for (f, template, placeholder) in [
+            ("lookup_path", &config.lookup_path, "{key}"),
+            (
+                "lookup_by_reference_path",
+                &config.lookup_by_reference_path,
+                "{reference}",
+            ),
+        ] {
+            if template.is_empty() {
+                continue;
+            }
+            if !template.starts_with('/') || !template.contains(placeholder) {
+                return Err(invalid(
+                    f,
+                    format!("must start with '/' and contain {placeholder}"),
+                ));
+            }
+            let sample = format!(
+                "{base}{}",
+                template.replace(placeholder, &percent_encode("v1:sample"))
+            );
+            sample
+                .parse::<Uri>()
+                .map_err(|e| invalid(f, format!("does not make a URL with base_url: {e}")))?;
+        }
+        for (f, pointer) in [
+            ("reference_pointer", &config.reference_pointer),
+            ("id_pointer", &config.id_pointer),
+            ("status_pointer", &config.status_pointer),
+        ] {
+            if !pointer.starts_with('/') {
+                return Err(invalid(
+                    f,
+                    format!("{pointer:?} is not a JSON pointer (it must start with '/')"),
+                ));
+            }
+        }
+        let key_header = HeaderName::from_bytes(config.idempotency_header.trim().as_bytes())
+            .map_err(|_| {
+                invalid(
+                    "idempotency_header",
+                    format!("{:?} is not a valid header name", config.idempotency_header),
+                )
+            })?;
+        if config.succeeded_values.is_empty() {
+            return Err(invalid(
+                "succeeded_values",
+                "must list at least one status".into(),
+            ));
+        }
+        if config.timeout.is_zero() || config.connect_timeout.is_zero() {
+            return Err(invalid(
+                "timeout",
+                "timeout and connect_timeout must be above zero".into(),
+            ));
+        }
+
+        let mut connector = HttpConnector::new();
+        connector.enforce_http(true);
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+
+        let lookup = !config.lookup_path.is_empty() || !config.lookup_by_reference_path.is_empty();
+        Ok(HttpProvider {
+            name: name.to_owned(),
+            client,
+            base,
+            execute_uri,
+            lookup_path: config.lookup_path.clone(),
+            lookup_by_reference_path: config.lookup_by_reference_path.clone(),
+            reference_pointer: config.reference_pointer.clone(),
+            key_header,
+            id_pointer: config.id_pointer.clone(),
+            status_pointer: config.status_pointer.clone(),
+            succeeded_values: config.succeeded_values.clone(),
+            rejected_values: config.rejected_values.clone(),
+            timeout: config.timeout,
+            capabilities: Capabilities {
+                honours_key: config.honours_key,
+                key_retention: config.key_retention,
+                lookup,
+                absence_authoritative: config.absence_authoritative,
+            },
+        })
+    }
+
+    /// One request with the whole-call timeout around it (body read included).
+    async fn exchange(&self, mut request: Request<Full<Bytes>>) -> Exchange {
+        let captured = capture_connection(&mut request);
+        match tokio::time::timeout(self.timeout, self.round_trip(request)).await {
+            Ok(exchange) => exchange,
+            // No connection was ever handed to the request: nothing was written.
+            Err(_) if captured.connection_metadata().is_none() => {
+                Exchange::NotSent("connect_timeout")
+            }
+            // Conservative: the request may have been (partly) written.
+            Err(_) => Exchange::Lost("timeout"),
+        }
+    }
+
+    async fn round_trip(&self, request: Request<Full<Bytes>>) -> Exchange {
+        let response = match self.client.request(request).await {
+            Ok(r) => r,
+            Err(e) if e.is_connect() => return Exchange::NotSent("connect_failed"),
+            Err(e) => return Exchange::Lost(lost_code(&e)),
+        };
+        let status = response.status().as_u16();
+        match Limited::new(response.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+        {
+            Ok(body) => Exchange::Answered {
+                status,
+                body: body.to_bytes(),
+            },
+            Err(_) => Exchange::BodyFailed { status },
+        }
+    }
+
+    fn execute_request(&self, call: &Call<'_>) -> Option<Request<Full<Bytes>>> {
+        let key = HeaderValue::from_str(call.key.as_str()).ok()?;
+        let body = serde_json::to_vec(call.payload).ok()?;
+        Request::builder()
+            .method(Method::POST)
+            .uri(self.execute_uri.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json")
+            .header(&self.key_header, key)
+            .body(Full::new(Bytes::from(body)))
+            .ok()
+    }
+
+    fn get_request(
+        &self,
+        template: &str,
+        placeholder: &str,
+        value: &str,
+    ) -> Option<Request<Full<Bytes>>> {
+        let uri: Uri = format!(
+            "{}{}",
+            self.base,
+            template.replace(placeholder, &percent_encode(value))
+        )
+        .parse()
+        .ok()?;
+        Request::builder()
+            .method(Method::GET)
+            .uri(uri)
+            .header(ACCEPT, "application/json")
+            .body(Full::new(Bytes::new()))
+            .ok()
+    }
+
+    fn classify_execute(&self, exchange: Exchange) -> Outcome {
+        match exchange {
+            Exchange::Answered {
+                status: 200..=299,
+                body,
+            } => {
+                let Ok(json) = serde_json::from_slice::<Value>(&body) else {
+                    return Outcome::Unknown {
+                        code: "unparsable_body".into(),
+                    };
+                };
+                match id_at(&json, &self.id_pointer) {
+                    Some(provider_operation_id) => Outcome::Succeeded {
+                        provider_operation_id,
+                        result: json,
+                    },
+                    None => Outcome::Unknown {
+                        code: "no_provider_id".into(),
+                    },
+                }
+            }
+            Exchange::Answered { status: 409, .. } => Outcome::InFlight,
+            Exchange::Answered {
+                status: status @ (401 | 408 | 429),
+                ..
+            } => Outcome::NotSent {
+                code: http_code(status),
+            },
+            Exchange::Answered {
+                status: status @ 400..=499,
+                ..
+            } => Outcome::Rejected {
+                code: http_code(status),
+            },
+            Exchange::Answered { status, .. } => Outcome::Unknown {
+                code: http_code(status),
+            },
+            Exchange::BodyFailed { .. } => Outcome::Unknown {
+                code: "body_read_failed".into(),
+            },
+            Exchange::NotSent(code) => Outcome::NotSent { code: code.into() },
+            Exchange::Lost(code) => Outcome::Unknown { code: code.into() },
+        }
+    }
+
+    /// Classifies a found record. `by_reference`: the record must echo our key.
+    fn classify_record(&self, body: &[u8], key: &str, by_reference: bool) -> Remote {
+        let Ok(json) = serde_json::from_slice::<Value>(body) else {
+            return Remote::Failed {
+                code: "unparsable_body".into(),
+            };
+        };
+        let echoed = json.pointer(ECHOED_KEY_POINTER).and_then(Value::as_str);
+        match echoed {
+            Some(k) if k != key => {
+                let code = if by_reference {
+                    "reference_other_key"
+                } else {
+                    "key_mismatch"
+                };
+                return Remote::Failed { code: code.into() };
+            }
+            // A record found by reference that does not say whose it is proves nothing.
+            None if by_reference => {
+                return Remote::Failed {
+                    code: "reference_unverified".into(),
+                };
+            }
+            _ => {}
+        }
+        let status = json.pointer(&self.status_pointer).and_then(Value::as_str);
+        match status {
+            Some(s) if self.succeeded_values.iter().any(|v| v == s) => {
+                match id_at(&json, &self.id_pointer) {
+                    Some(provider_operation_id) => Remote::Succeeded {
+                        provider_operation_id,
+                        result: json,
+                    },
+                    None => Remote::Failed {
+                        code: "no_provider_id".into(),
+                    },
+                }
+            }
+            Some(s) if self.rejected_values.iter().any(|v| v == s) => Remote::Rejected {
+                code: format!("remote_{s}"),
+            },
+            _ => Remote::Pending,
+        }
+    }
+
+    async fn lookup_inner(&self, call: &Call<'_>) -> Remote {
+        let key = call.key.as_str();
+        if !self.lookup_path.is_empty() {
+            let Some(request) = self.get_request(&self.lookup_path, "{key}", key) else {
+                return Remote::Failed {
+                    code: "invalid_request".into(),
+                };
+            };
+            match self.exchange(request).await {
+                Exchange::Answered {
+                    status: 200..=299,
+                    body,
+                } => return self.classify_record(&body, key, false),
+                Exchange::Answered { status: 404, .. }
+                    if self.lookup_by_reference_path.is_empty() =>
+                {
+                    return Remote::Absent;
+                }
+                Exchange::Answered { status: 404, .. } => {}
+                other => return lookup_failure(other),
+            }
+        }
+        if self.lookup_by_reference_path.is_empty() {
+            return Remote::Unsupported;
+        }
+        let Some(reference) =
+            pointer_in(call.payload, &self.reference_pointer).and_then(Value::as_str)
+        else {
+            // Absent by key (if asked) and no reference to ask about.
+            return if self.lookup_path.is_empty() {
+                Remote::Unsupported
+            } else {
+                Remote::Absent
+            };
+        };
+        let Some(request) =
+            self.get_request(&self.lookup_by_reference_path, "{reference}", reference)
+        else {
+            return Remote::Failed {
+                code: "invalid_request".into(),
+            };
+        };
+        match self.exchange(request).await {
+            Exchange::Answered {
+                status: 200..=299,
+                body,
+            } => self.classify_record(&body, key, true),
+            Exchange::Answered { status: 404, .. } => Remote::Absent,
+            other => lookup_failure(other),
+        }
+    }
+}
+
+impl Provider for HttpProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let (status, outcome) = match self.execute_request(&call) {
+                Some(request) => {
+                    let exchange = self.exchange(request).await;
+                    (exchange_status(&exchange), self.classify_execute(exchange))
+                }
+                None => (
+                    None,
+                    Outcome::NotSent {
+                        code: "invalid_request".into(),
+                    },
+                ),
+            };
+            tracing::debug!(
+                provider = %self.name,
+                key = %call.key,
+                action_type = call.action_type,
+                status,
+                outcome = outcome_label(&outcome),
+                code = outcome_code(&outcome),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "provider execute",
+            );
+            outcome
+        })
+    }
+
+    fn lookup<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Remote> {
+        Box::pin(async move {
+            if !self.capabilities.lookup {
+                return Remote::Unsupported;
+            }
+            let started = Instant::now();
+            let remote = self.lookup_inner(&call).await;
+            tracing::debug!(
+                provider = %self.name,
+                key = %call.key,
+                action_type = call.action_type,
+                remote = remote_label(&remote),
+                code = remote_code(&remote),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "provider lookup",
+            );
+            remote
+        })
+    }
+}
+
+fn lookup_failure(exchange: Exchange) -> Remote {
+    let code = match exchange {
+        Exchange::Answered { status, .. } => http_code(status),
+        Exchange::BodyFailed { .. } => "body_read_failed".into(),
+        Exchange::NotSent(code) | Exchange::Lost(code) => code.into(),
+    };
+    Remote::Failed { code }
+}
+
+fn http_code(status: u16) -> String {
+    format!("http_{status}")
+}
+
+fn exchange_status(exchange: &Exchange) -> Option<u16> {
+    match exchange {
+        Exchange::Answered { status, .. } | Exchange::BodyFailed { status } => Some(*status),
+        Exchange::NotSent(_) | Exchange::Lost(_) => None,
+    }
+}
+
+fn outcome_label(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Succeeded { .. } => "succeeded",
+        Outcome::Rejected { .. } => "rejected",
+        Outcome::InFlight => "in_flight",
+        Outcome::NotSent { .. } => "not_sent",
+        Outcome::Unknown { .. } => "unknown",
+    }
+}
+
+fn outcome_code(outcome: &Outcome) -> &str {
+    match outcome {
+        Outcome::Rejected { code } | Outcome::NotSent { code } | Outcome::Unknown { code } => code,
+        Outcome::Succeeded { .. } | Outcome::InFlight => "",
+    }
+}
+
+fn remote_label(remote: &Remote) -> &'static str {
+    match remote {
+        Remote::Succeeded { .. } => "succeeded",
+        Remote::Rejected { .. } => "rejected",
+        Remote::Pending => "pending",
+        Remote::Absent => "absent",
+        Remote::Unsupported => "unsupported",
+        Remote::Failed { .. } => "failed",
+    }
+}
+
+fn remote_code(remote: &Remote) -> &str {
+    match remote {
+        Remote::Rejected { code } | Remote::Failed { code } => code,
+        Remote::Succeeded { .. } | Remote::Pending | Remote::Absent | Remote::Unsupported => "",
+    }
+}
+
+/// A short code for a transport error after a connection was obtained.
+fn lost_code(error: &hyper_util::client::legacy::Error) -> &'static str {
+    let mut current: Option<&(dyn StdError + 'static)> = error.source();
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionReset => "connection_reset",
+                std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::BrokenPipe => {
+                    "connection_closed"
+                }
+                _ => "connection_lost",
+            };
+        }
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
+                return "connection_closed";
+            }
+            if h.is_parse() {
+                return "invalid_response";
+            }
+        }
+        current = e.source();
+    }
+    "connection_lost"
+}
+
+/// The provider id at `pointer`: a non-empty string, or a number as text.
+fn id_at(json: &Value, pointer: &str) -> Option<String> {
+    match json.pointer(pointer)? {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// [`Value::pointer`] on an object held as a `Map` (no clone of the payload).
+fn pointer_in<'v>(map: &'v Map<String, Value>, pointer: &str) -> Option<&'v Value> {
+    let rest = pointer.strip_prefix('/')?;
+    let (token, tail) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let token = token.replace("~1", "/").replace("~0", "~");
+    map.get(&token)?.pointer(tail)
+}
+
+/// Percent-encodes a path or query value: everything but RFC 3986 unreserved characters.
+fn percent_encode(value: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0x0F)]));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn percent_encoding_keeps_only_unreserved() {
+        assert_eq!(percent_encode("v1:ab"), "v1%3Aab");
+        assert_eq!(
+            percent_encode("a b&c=d/é?#%"),
+            "a%20b%26c%3Dd%2F%C3%A9%3F%23%25"
+        );
+        assert_eq!(percent_encode("Az09-._~"), "Az09-._~");
+    }
+
+    #[test]
+    fn pointers_into_a_payload_map() {
+        let Value::Object(map) =
+            json!({"business_reference": "inv-7", "a": {"b/c": ["x", "y"]}, "t~": 1})
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            pointer_in(&map, "/business_reference"),
+            Some(&json!("inv-7"))
+        );
+        assert_eq!(pointer_in(&map, "/a/b~1c/1"), Some(&json!("y")));
+        assert_eq!(pointer_in(&map, "/t~0"), Some(&json!(1)));
+        assert_eq!(pointer_in(&map, "/missing"), None);
+        assert_eq!(pointer_in(&map, ""), None);
+    }
+
+    #[test]
+    fn ids_are_strings_or_numbers() {
+        assert_eq!(id_at(&json!({"id": "po_1"}), "/id"), Some("po_1".into()));
+        assert_eq!(id_at(&json!({"id": 42}), "/id"), Some("42".into()));
+        assert_eq!(id_at(&json!({"id": ""}), "/id"), None);
+        assert_eq!(id_at(&json!({"id": null}), "/id"), None);
+        assert_eq!(
+            id_at(&json!({"data": {"id": "x"}}), "/data/id"),
+            Some("x".into())
+        );
+    }
+}
