@@ -135,6 +135,49 @@ impl Default for WorkerConfig {
     }
 }
 
+/// Reconciler and sweeper tuning.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcilerConfig {
+    /// How often the sweeper runs.
+    #[serde(deserialize_with = "de_duration")]
+    pub sweep_interval: Duration,
+    /// `planned` rows untouched this long are republished (lost publishes heal).
+    #[serde(deserialize_with = "de_duration")]
+    pub republish_after: Duration,
+    /// `unknown` rows due this long without a check are checked by the sweeper itself.
+    #[serde(deserialize_with = "de_duration")]
+    pub stale_unknown_after: Duration,
+    /// How long one check holds an unknown (another reconciler may take it after).
+    #[serde(deserialize_with = "de_duration")]
+    pub check_lease: Duration,
+    /// First delay before re-checking a pending / failed lookup (doubles per check).
+    #[serde(deserialize_with = "de_duration")]
+    pub recheck_delay: Duration,
+    /// Longest delay between checks.
+    #[serde(deserialize_with = "de_duration")]
+    pub max_recheck_delay: Duration,
+    /// Rows per sweep statement.
+    pub batch: i64,
+    /// Reconcile messages handled at once.
+    pub concurrency: usize,
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        Self {
+            sweep_interval: Duration::from_secs(5),
+            republish_after: Duration::from_secs(30),
+            stale_unknown_after: Duration::from_secs(30),
+            check_lease: Duration::from_secs(30),
+            recheck_delay: Duration::from_secs(5),
+            max_recheck_delay: Duration::from_secs(300),
+            batch: 200,
+            concurrency: 16,
+        }
+    }
+}
+
 /// The policy for one action type.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -270,6 +313,9 @@ pub struct Config {
     /// Worker tuning.
     #[serde(default)]
     pub worker: WorkerConfig,
+    /// Reconciler and sweeper tuning.
+    #[serde(default)]
+    pub reconciler: ReconcilerConfig,
     /// Policies by action type.
     #[serde(default)]
     pub actions: BTreeMap<String, ActionPolicy>,
@@ -375,6 +421,19 @@ impl Config {
             if v == 0 {
                 return Err(invalid(field, "must be at least 1"));
             }
+        }
+        let r = &self.reconciler;
+        if r.sweep_interval.is_zero() || r.check_lease.is_zero() || r.recheck_delay.is_zero() {
+            return Err(invalid(
+                "reconciler",
+                "sweep_interval, check_lease and recheck_delay must be above zero",
+            ));
+        }
+        if r.batch < 1 || r.concurrency == 0 {
+            return Err(invalid(
+                "reconciler.batch",
+                "batch and concurrency must be at least 1",
+            ));
         }
         for (name, p) in &self.providers {
             let f = |x: &str| format!("providers.{name}.{x}");

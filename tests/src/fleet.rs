@@ -89,6 +89,36 @@ impl Proc {
     }
 }
 
+/// How to build a fleet.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// Provider request timeout.
+    pub timeout: String,
+    /// Lease of every action.
+    pub lease: String,
+    /// Extra TOML appended to every `[actions.…]` section.
+    pub action_extra: String,
+    /// Providers' key retention.
+    pub key_retention: String,
+    /// Extra TOML appended at the end (e.g. a `[reconciler]` section).
+    pub extra: String,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        Self {
+            timeout: "5s".into(),
+            lease: "1m".into(),
+            action_extra: String::new(),
+            key_retention: "24h".into(),
+            extra: String::new(),
+        }
+    }
+}
+
+/// A `[reconciler]` section that sweeps fast (tests wait on it).
+pub const FAST_RECONCILER: &str = "[reconciler]\nsweep_interval = \"200ms\"\nrepublish_after = \"1s\"\nstale_unknown_after = \"1s\"\ncheck_lease = \"3s\"\nrecheck_delay = \"200ms\"\nmax_recheck_delay = \"1s\"\n";
+
 /// A fleet's shared pieces.
 #[derive(Debug)]
 pub struct Fleet {
@@ -112,13 +142,31 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// A fleet whose providers all use the given timeout (e.g. "5s") and lease (e.g. "1m").
+    /// A fleet with default options (provider timeout 5s, lease 1m).
     pub async fn new() -> Fleet {
-        Self::with_tuning("5s", "1m", "").await
+        Self::with(FleetOptions::default()).await
     }
 
     /// A fleet with a provider timeout, a lease, and extra TOML appended to the config.
     pub async fn with_tuning(timeout: &str, lease: &str, extra: &str) -> Fleet {
+        Self::with(FleetOptions {
+            timeout: timeout.into(),
+            lease: lease.into(),
+            extra: extra.into(),
+            ..FleetOptions::default()
+        })
+        .await
+    }
+
+    /// A fleet from options.
+    pub async fn with(o: FleetOptions) -> Fleet {
+        let FleetOptions {
+            timeout,
+            lease,
+            extra,
+            action_extra,
+            key_retention,
+        } = o;
         let db = TestDb::new().await;
         let sandbox =
             oncely_sandbox::spawn("127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")))
@@ -154,12 +202,12 @@ impl Fleet {
             ),
         ] {
             toml.push_str(&format!(
-                "[actions.\"{action}\"]\nprovider = \"{provider}\"\nlease = \"{lease}\"\nretry_delay = \"200ms\"\non_unknown = \"{on_unknown}\"\n\
+                "[actions.\"{action}\"]\nprovider = \"{provider}\"\nlease = \"{lease}\"\nretry_delay = \"200ms\"\non_unknown = \"{on_unknown}\"\n{action_extra}\n\
                  [providers.{provider}]\nbase_url = \"{base}\"\nexecute_path = \"{path}\"\nlookup_path = \"{path}?idempotency_key={{key}}\"\n\
-                 lookup_by_reference_path = \"{path}?reference={{reference}}\"\nkey_retention = \"24h\"\nconnect_timeout = \"1s\"\ntimeout = \"{timeout}\"\n"
+                 lookup_by_reference_path = \"{path}?reference={{reference}}\"\nkey_retention = \"{key_retention}\"\nconnect_timeout = \"1s\"\ntimeout = \"{timeout}\"\n"
             ));
         }
-        toml.push_str(extra);
+        toml.push_str(&extra);
         let config_path = dir.join("oncely.toml");
         std::fs::write(&config_path, &toml).unwrap_or_else(|e| panic!("{e}"));
         let config = Config::from_toml(&toml, "test", std::iter::empty())
@@ -234,6 +282,40 @@ impl Fleet {
     /// Spawn an action worker.
     pub fn worker(&self) -> Proc {
         self.spawn(&["run"])
+    }
+
+    /// Spawn a reconciler (with its sweeper).
+    pub fn reconciler(&self) -> Proc {
+        self.spawn(&["reconcile"])
+    }
+
+    /// Run `oncely-worker admin <args…>` to completion: (exit code, stdout, stderr).
+    pub async fn admin(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(binary("oncely-worker"))
+            .arg("--config")
+            .arg(&self.config_path)
+            .arg("admin")
+            .args(args)
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("admin: {e}"));
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// The operation for a key.
+    pub async fn op(
+        &self,
+        key: &oncely_core::IdempotencyKey,
+    ) -> Option<oncely_core::journal::Operation> {
+        self.db
+            .journal()
+            .get(key)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Publish raw bytes to the actions exchange with `routing_key` (confirmed).

@@ -43,6 +43,12 @@ pub enum Command {
         #[arg(long = "action")]
         actions: Vec<String>,
     },
+    /// Run a reconciler (with the sweeper): settle unknown outcomes by asking providers
+    /// first, open reviews when nobody can tell, heal lost messages. Several may run.
+    Reconcile,
+    /// Inspect operations, resolve reviews, purge (tables; `--json` for scripts).
+    #[command(subcommand)]
+    Admin(crate::admin::AdminCommand),
     /// The whole pipeline on local Postgres and RabbitMQ: sandbox, two workers, a producer
     /// and a realistic mix of intents; prints what happened (a throwaway database).
     Demo(crate::demo::DemoArgs),
@@ -120,6 +126,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = load_config(cli.config.as_deref(), &actions)?;
             let ctx = context(config, "worker").await?;
             crate::runner::run(ctx, Shutdown::on_signals()).await
+        }
+        Command::Reconcile => {
+            oncely_core::metrics::install(cli.metrics_addr).map_err(anyhow::Error::msg)?;
+            let config = load_config(cli.config.as_deref(), &[])?;
+            let ctx = context(config, "reconciler").await?;
+            crate::reconciler::run(ctx, Shutdown::on_signals()).await
+        }
+        Command::Admin(cmd) => {
+            let config = Config::load(cli.config.as_deref())?;
+            let code = crate::admin::run(&config, cmd).await?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(())
         }
         Command::Demo(args) => crate::demo::run(args).await,
     }

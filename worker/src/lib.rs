@@ -5,18 +5,24 @@
 //! - [`provider`]: the provider trait and the generic HTTP/JSON adapter.
 //! - [`decide`]: the classification table and the not-claimed decisions (pure).
 //! - [`runner`]: the action worker (consume → claim → call → commit → ack).
+//! - [`reconciler`]: the reconciler and the sweeper.
+//! - [`admin`]: `oncely-worker admin` (ops, reviews, purge).
 //! - [`outcome`]: outcome events for agents.
 //! - [`retry`]: journal calls through database trouble.
 //! - [`shutdown`]: the shutdown signal passed into every loop.
 //! - [`demo`]: `oncely-worker demo`.
+//! - [`bench`]: the `oncely-bench` benchmark.
 //! - [`cli`]: the `oncely-worker` command.
 
+pub mod admin;
+pub mod bench;
 pub mod cli;
 pub mod context;
 pub mod decide;
 pub mod demo;
 pub mod outcome;
 pub mod provider;
+pub mod reconciler;
 pub mod retry;
 pub mod runner;
 pub mod shutdown;

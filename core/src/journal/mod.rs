@@ -14,17 +14,23 @@
 //! - [`claim`]: the one-statement insert-or-claim with a lease.
 //! - [`complete`]: compare-and-set outcomes.
 //! - [`inspect`]: reads — by key, by workflow, events, the article's queries.
+//! - [`sweep`]: what the sweeper and reconciler take: expired leases, republishing, due unknowns.
+//! - [`review`]: human reviews and purging.
 
 pub mod claim;
 pub mod complete;
 pub mod inspect;
 pub mod operation;
 pub mod record;
+pub mod review;
+pub mod sweep;
 
 pub use claim::{Claim, ClaimOutcome, ClaimRequest, NotClaimed};
 pub use complete::{Completion, Verdict};
 pub use operation::{Event, JournalError, Operation};
 pub use record::Recorded;
+pub use review::{Resolution, ResolveError, Review};
+pub use sweep::{Expired, OpsFilter};
 
 use sqlx::PgPool;
 

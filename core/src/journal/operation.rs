@@ -58,6 +58,8 @@ pub struct Operation {
     pub updated_at: DateTime<Utc>,
     /// `lease_until > now()` by the database's clock at read time.
     pub lease_live: bool,
+    /// The database's clock when this row was read.
+    pub read_at: DateTime<Utc>,
 }
 
 /// `SELECT <every column> FROM agent_operations <rest>` as a static string (sqlx wants
@@ -67,7 +69,7 @@ macro_rules! select_operations {
         concat!("SELECT idempotency_key, action_type, tenant, workflow_id, step, business_object, revision, \
      payload_hash, payload, status, attempt_count, provider_operation_id, result_json, last_error_code, \
      lease_until, lease_owner, first_attempt_at, reconcile_checks, last_actor, last_reason, created_at, updated_at, \
-     coalesce(lease_until > now(), false) AS lease_live FROM agent_operations ", $rest)
+     coalesce(lease_until > now(), false) AS lease_live, now() AS read_at FROM agent_operations ", $rest)
     };
 }
 pub(crate) use select_operations;
@@ -107,6 +109,33 @@ impl<'r> FromRow<'r, PgRow> for Operation {
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
             lease_live: row.try_get("lease_live")?,
+            read_at: row.try_get("read_at")?,
+        })
+    }
+}
+
+impl Operation {
+    /// Rebuild the envelope to (re)publish, while the payload is still held.
+    pub fn envelope(&self) -> Option<crate::intent::Envelope> {
+        use crate::identity::{ActionType, BusinessIdentity};
+        let payload = match &self.payload {
+            Some(serde_json::Value::Object(m)) => m.clone(),
+            _ => return None,
+        };
+        Some(crate::intent::Envelope {
+            key: self.key.clone(),
+            payload_hash: crate::keys::PayloadHash::parse(&self.payload_hash).ok()?,
+            intent: crate::intent::Intent {
+                identity: BusinessIdentity {
+                    action_type: ActionType::parse(&self.action_type).ok()?,
+                    tenant: self.tenant.clone(),
+                    workflow_id: self.workflow_id.clone(),
+                    step: self.step.clone(),
+                    business_object: self.business_object.clone(),
+                    revision: self.revision,
+                },
+                payload,
+            },
         })
     }
 }

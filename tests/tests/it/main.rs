@@ -3,3 +3,4 @@
 
 mod journal;
 mod pipeline;
+mod reconcile;

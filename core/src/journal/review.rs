@@ -1,0 +1,269 @@
+//! Human review: opening, listing, resolving — and purging what retention allows.
+//!
+//! A review stops automation for its key (the reconciler's take and the sweeper's scan
+//! skip keys with an open review). Resolving it is one transaction: the open review row is
+//! locked, the operation is moved by compare-and-set from `unknown` at its current attempt,
+//! and the resolution (who, when, note) is written. `retry` authorises exactly one more
+//! attempt: the operation becomes `failed_retryable`, due now; the sweeper republishes it;
+//! if that attempt ends unknown again, the policy applies again (for money: a new review).
+
+use super::operation::Operation;
+use super::{Journal, JournalError};
+use crate::keys::IdempotencyKey;
+use crate::status::Status;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::time::Duration;
+
+/// One review.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Review {
+    /// Sequence number.
+    pub id: i64,
+    /// The operation.
+    pub idempotency_key: String,
+    /// Why it was opened (`lookup_unsupported`, `absent_no_retry`, …).
+    pub reason: String,
+    /// Who opened it.
+    pub opened_by: String,
+    /// When.
+    pub opened_at: DateTime<Utc>,
+    /// `succeeded`, `failed` or `retry` once resolved.
+    pub resolution: Option<String>,
+    /// Who resolved it.
+    pub resolved_by: Option<String>,
+    /// When.
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// The person's note.
+    pub note: Option<String>,
+}
+
+/// A person's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The effect happened (e.g. found in the bank statement), with the provider's id.
+    Succeeded {
+        /// The provider's id.
+        provider_operation_id: String,
+    },
+    /// It did not happen and must not: `failed_final`.
+    Failed,
+    /// It did not happen; try exactly once more.
+    Retry,
+}
+
+impl Resolution {
+    fn name(&self) -> &'static str {
+        match self {
+            Resolution::Succeeded { .. } => "succeeded",
+            Resolution::Failed => "failed",
+            Resolution::Retry => "retry",
+        }
+    }
+}
+
+/// Why a resolution was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// No open review for this key.
+    #[error("no open review for {0}")]
+    NoOpenReview(String),
+    /// The operation is no longer `unknown` (settled meanwhile).
+    #[error("operation {key} is {status}, not unknown: nothing to resolve")]
+    NotUnknown {
+        /// The key.
+        key: String,
+        /// Its status.
+        status: Status,
+    },
+    /// The journal failed.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+impl From<sqlx::Error> for ResolveError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Journal(e.into())
+    }
+}
+
+impl Journal {
+    /// Open a review for an `unknown` operation at `attempt` (no-op if one is open or
+    /// the operation moved on). Records an audit event. Returns whether one was opened.
+    pub async fn open_review(
+        &self,
+        key: &IdempotencyKey,
+        attempt: i32,
+        reason: &str,
+        actor: &str,
+    ) -> Result<bool, JournalError> {
+        let opened: Option<i64> = sqlx::query_scalar(
+            "WITH op AS (SELECT idempotency_key, attempt_count FROM agent_operations \
+                         WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2 FOR UPDATE), \
+                  ins AS (INSERT INTO operation_reviews (idempotency_key, reason, opened_by) \
+                          SELECT idempotency_key, $3, $4 FROM op ON CONFLICT DO NOTHING RETURNING id), \
+                  ev AS (INSERT INTO operation_events (idempotency_key, from_status, to_status, attempt, actor, reason, error_code) \
+                         SELECT op.idempotency_key, 'unknown', 'unknown', op.attempt_count, $4, 'review_opened', $3 FROM op, ins) \
+             SELECT id FROM ins",
+        )
+        .bind(key.as_str())
+        .bind(attempt)
+        .bind(reason)
+        .bind(actor)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(opened.is_some())
+    }
+
+    /// Reviews, oldest first; open ones only unless `all`.
+    pub async fn reviews(&self, all: bool) -> Result<Vec<Review>, JournalError> {
+        Ok(sqlx::query_as(
+            "SELECT id, idempotency_key, reason, opened_by, opened_at, resolution, resolved_by, resolved_at, note \
+             FROM operation_reviews WHERE $1 OR resolved_at IS NULL ORDER BY id",
+        )
+        .bind(all)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Reviews of one operation.
+    pub async fn reviews_of(&self, key: &IdempotencyKey) -> Result<Vec<Review>, JournalError> {
+        Ok(sqlx::query_as(
+            "SELECT id, idempotency_key, reason, opened_by, opened_at, resolution, resolved_by, resolved_at, note \
+             FROM operation_reviews WHERE idempotency_key = $1 ORDER BY id",
+        )
+        .bind(key.as_str())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Open reviews right now.
+    pub async fn open_review_count(&self) -> Result<i64, JournalError> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM operation_reviews WHERE resolved_at IS NULL")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Apply a person's decision (see the module docs). Returns the operation after it.
+    pub async fn resolve_review(
+        &self,
+        key: &IdempotencyKey,
+        resolution: &Resolution,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<Operation, ResolveError> {
+        let mut tx = self.pool.begin().await?;
+        let review: Option<i64> = sqlx::query_scalar("SELECT id FROM operation_reviews WHERE idempotency_key = $1 AND resolved_at IS NULL FOR UPDATE")
+            .bind(key.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(review) = review else {
+            return Err(ResolveError::NoOpenReview(key.to_string()));
+        };
+        let (status, attempt): (String, i32) = sqlx::query_as("SELECT status, attempt_count FROM agent_operations WHERE idempotency_key = $1 FOR UPDATE")
+            .bind(key.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+        let status: Status = status
+            .parse()
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        if status != Status::Unknown {
+            return Err(ResolveError::NotUnknown {
+                key: key.to_string(),
+                status,
+            });
+        }
+        let actor = format!("review:{by}");
+        let (to, pid, err, reason) = match resolution {
+            Resolution::Succeeded {
+                provider_operation_id,
+            } => (
+                "succeeded",
+                Some(provider_operation_id.as_str()),
+                None,
+                "review_succeeded",
+            ),
+            Resolution::Failed => ("failed_final", None, Some("review_failed"), "review_failed"),
+            Resolution::Retry => (
+                "failed_retryable",
+                None,
+                Some("review_retry"),
+                "review_retry",
+            ),
+        };
+        sqlx::query(
+            "UPDATE agent_operations SET status = $3, provider_operation_id = coalesce($4, provider_operation_id), \
+                 result_json = CASE WHEN $3 = 'succeeded' THEN jsonb_build_object('id', $4::text, 'resolved_by', $6::text) ELSE result_json END, \
+                 last_error_code = $5, lease_owner = NULL, \
+                 lease_until = CASE WHEN $3 = 'failed_retryable' THEN now() ELSE NULL END, \
+                 updated_at = now(), \
+                 payload = CASE WHEN $3 IN ('succeeded', 'failed_final') THEN NULL ELSE payload END, \
+                 last_actor = $6, last_reason = $7 \
+             WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2",
+        )
+        .bind(key.as_str())
+        .bind(attempt)
+        .bind(to)
+        .bind(pid)
+        .bind(err)
+        .bind(&actor)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE operation_reviews SET resolution = $2, resolved_by = $3, resolved_at = now(), note = $4 WHERE id = $1")
+            .bind(review)
+            .bind(resolution.name())
+            .bind(by)
+            .bind(note)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.get(key)
+            .await?
+            .ok_or_else(|| ResolveError::NoOpenReview(key.to_string()))
+    }
+
+    /// Delete terminal operations (with their events and reviews) last changed before
+    /// now − cutoff, where the cutoff is given per action type (callers pass at least the
+    /// provider's key retention). Returns how many operations went (or would go).
+    pub async fn purge(
+        &self,
+        cutoffs: &[(String, Duration)],
+        dry_run: bool,
+    ) -> Result<u64, JournalError> {
+        let actions: Vec<String> = cutoffs.iter().map(|(a, _)| a.clone()).collect();
+        let secs: Vec<f64> = cutoffs.iter().map(|(_, d)| d.as_secs_f64()).collect();
+        let mut tx = self.pool.begin().await?;
+        let keys: Vec<String> = sqlx::query_scalar(
+            "SELECT o.idempotency_key FROM agent_operations o JOIN unnest($1::text[], $2::float8[]) AS c(a, s) ON o.action_type = c.a \
+             WHERE o.status IN ('succeeded', 'failed_final') AND o.updated_at < now() - make_interval(secs => c.s) FOR UPDATE OF o",
+        )
+        .bind(&actions)
+        .bind(&secs)
+        .fetch_all(&mut *tx)
+        .await?;
+        if dry_run || keys.is_empty() {
+            return Ok(keys.len() as u64);
+        }
+        sqlx::query("SET LOCAL oncely.purge = 'on'")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM operation_events WHERE idempotency_key = ANY($1)")
+            .bind(&keys)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM operation_reviews WHERE idempotency_key = ANY($1)")
+            .bind(&keys)
+            .execute(&mut *tx)
+            .await?;
+        let n = sqlx::query("DELETE FROM agent_operations WHERE idempotency_key = ANY($1)")
+            .bind(&keys)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(n)
+    }
+}

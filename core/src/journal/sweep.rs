@@ -1,0 +1,210 @@
+//! What the sweeper and the reconciler ask of the journal.
+//!
+//! Every scan takes rows with `FOR UPDATE SKIP LOCKED` in bounded batches, so several
+//! reconcilers sweep side by side without waiting on or colliding with each other, and
+//! every forced transition goes through the trigger's event row with a reason code.
+//!
+//! For an `unknown` operation, `lease_until` is the time its next check is due. A
+//! reconciler *takes* an unknown (one statement: due, no open review → push the due time
+//! by a check lease and count the check) before asking the provider, so two reconcilers
+//! never decide the same operation: the second finds it not due and moves on.
+
+use super::operation::{Operation, select_operations};
+use super::{Journal, JournalError};
+use crate::keys::IdempotencyKey;
+use crate::status::{Move, Status, transition};
+use sqlx::Row;
+use std::time::Duration;
+
+/// An operation the sweeper moved from `executing` to `unknown`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expired {
+    /// The key.
+    pub key: IdempotencyKey,
+    /// Its attempt.
+    pub attempt: i32,
+    /// Its action type.
+    pub action_type: String,
+}
+
+impl Journal {
+    /// `executing` with an expired lease → `unknown` (due now), a batch at a time.
+    pub async fn expire_leases(
+        &self,
+        limit: i64,
+        actor: &str,
+    ) -> Result<Vec<Expired>, JournalError> {
+        debug_assert!(transition(Some(Status::Executing), Status::Unknown).is_some());
+        let rows = sqlx::query(
+            "WITH due AS ( \
+                 SELECT idempotency_key FROM agent_operations \
+                 WHERE status = 'executing' AND lease_until < now() \
+                 ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             UPDATE agent_operations o SET status = 'unknown', lease_owner = NULL, lease_until = now(), \
+                 last_error_code = 'lease_expired', last_actor = $2, last_reason = 'lease_expired', updated_at = now() \
+             FROM due WHERE o.idempotency_key = due.idempotency_key AND o.status = 'executing' \
+             RETURNING o.idempotency_key, o.attempt_count, o.action_type",
+        )
+        .bind(limit)
+        .bind(actor)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                let key: String = r.try_get(0)?;
+                Ok(Expired {
+                    key: IdempotencyKey::parse(&key).map_err(|e| sqlx::Error::Decode(e.into()))?,
+                    attempt: r.try_get(1)?,
+                    action_type: r.try_get(2)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    /// Rows to publish again: `planned` not touched for `after` (a lost publish, a
+    /// producer crash), and `failed_retryable` past its not-before time — at once when it
+    /// has not been republished since it became due (`updated_at <= lease_until`), else
+    /// every `after`. `updated_at` is bumped, so the next sweep skips them for `after`.
+    pub async fn take_for_republish(
+        &self,
+        after: Duration,
+        limit: i64,
+    ) -> Result<Vec<Operation>, JournalError> {
+        let keys: Vec<String> = sqlx::query_scalar(
+            "WITH due AS ( \
+                 SELECT idempotency_key FROM agent_operations \
+                 WHERE (status = 'planned' AND updated_at < now() - make_interval(secs => $1)) \
+                    OR (status = 'failed_retryable' AND lease_until <= now() \
+                        AND (updated_at <= lease_until OR updated_at < now() - make_interval(secs => $1))) \
+                 ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             UPDATE agent_operations o SET updated_at = now() FROM due \
+             WHERE o.idempotency_key = due.idempotency_key RETURNING o.idempotency_key",
+        )
+        .bind(after.as_secs_f64())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(self
+            .get_many_by_text(&keys)
+            .await?
+            .into_values()
+            .filter(|op| matches!(op.status, Status::Planned | Status::FailedRetryable))
+            .collect())
+    }
+
+    /// Unknown operations due for a check for longer than `stale_after` with no open
+    /// review (reconcile messages lost, a reconciler died mid-check, a pending provider).
+    pub async fn due_unknowns(
+        &self,
+        stale_after: Duration,
+        limit: i64,
+    ) -> Result<Vec<IdempotencyKey>, JournalError> {
+        let keys: Vec<String> = sqlx::query_scalar(
+            "SELECT o.idempotency_key FROM agent_operations o \
+             WHERE o.status = 'unknown' AND o.lease_until <= now() - make_interval(secs => $1) \
+               AND NOT EXISTS (SELECT 1 FROM operation_reviews r WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL) \
+             ORDER BY o.lease_until LIMIT $2",
+        )
+        .bind(stale_after.as_secs_f64())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        keys.iter()
+            .map(|k| {
+                IdempotencyKey::parse(k)
+                    .map_err(|e| JournalError::Database(sqlx::Error::Decode(e.into())))
+            })
+            .collect()
+    }
+
+    /// Take an `unknown` operation for one check: only if due and without an open review.
+    /// Pushes its due time by `check_lease` and counts the check. `None`: not ours to check.
+    pub async fn take_unknown(
+        &self,
+        key: &IdempotencyKey,
+        check_lease: Duration,
+    ) -> Result<Option<Operation>, JournalError> {
+        let taken: Option<String> = sqlx::query_scalar(
+            "UPDATE agent_operations o SET lease_until = now() + make_interval(secs => $2), \
+                 reconcile_checks = reconcile_checks + 1 \
+             WHERE o.idempotency_key = $1 AND o.status = 'unknown' AND (o.lease_until IS NULL OR o.lease_until <= now()) \
+               AND NOT EXISTS (SELECT 1 FROM operation_reviews r WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL) \
+             RETURNING o.idempotency_key",
+        )
+        .bind(key.as_str())
+        .bind(check_lease.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await?;
+        match taken {
+            Some(_) => self.get(key).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Check again after `delay` (pending at the provider, or the lookup failed).
+    pub async fn defer_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: i32,
+        delay: Duration,
+    ) -> Result<bool, JournalError> {
+        let n = sqlx::query(
+            "UPDATE agent_operations SET lease_until = now() + make_interval(secs => $3) \
+             WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2",
+        )
+        .bind(key.as_str())
+        .bind(attempt)
+        .bind(delay.as_secs_f64())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    /// Operations per status (for the gauges).
+    pub async fn status_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
+        Ok(
+            sqlx::query_as("SELECT status, count(*) FROM agent_operations GROUP BY status")
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Operations matching a filter, newest first.
+    pub async fn list(&self, f: &OpsFilter) -> Result<Vec<Operation>, JournalError> {
+        Ok(sqlx::query_as(select_operations!(
+            "WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR action_type = $2) \
+               AND ($3::text IS NULL OR workflow_id = $3) \
+               AND ($4::float8 IS NULL OR created_at < now() - make_interval(secs => $4)) \
+             ORDER BY created_at DESC, idempotency_key LIMIT $5"
+        ))
+        .bind(f.status.map(Status::as_str))
+        .bind(f.action_type.as_deref())
+        .bind(f.workflow_id.as_deref())
+        .bind(f.older_than.map(|d| d.as_secs_f64()))
+        .bind(f.limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
+
+/// Filters for [`Journal::list`].
+#[derive(Debug, Clone, Default)]
+pub struct OpsFilter {
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Only this action type.
+    pub action_type: Option<String>,
+    /// Only this workflow.
+    pub workflow_id: Option<String>,
+    /// Only operations created longer ago than this.
+    pub older_than: Option<Duration>,
+    /// At most this many.
+    pub limit: i64,
+}
+
+const _: () = assert!(matches!(
+    transition(Some(Status::Unknown), Status::FailedRetryable),
+    Some(Move::Settle)
+));

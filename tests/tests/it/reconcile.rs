@@ -1,0 +1,495 @@
+//! Unknown never becomes a blind retry: the reconciler asks first, the sweeper heals,
+//! a person decides when nobody can tell. Real workers, reconcilers and admin commands.
+
+use oncely_core::{Envelope, Intent, Status};
+use oncely_producer::Enqueued;
+use oncely_tests::eventually;
+use oncely_tests::fleet::{FAST_RECONCILER, Fleet, FleetOptions, secret};
+use serde_json::json;
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn payment(n: usize, amount: u64) -> Intent {
+    Intent::from_json(json!({"action_type": "payment_order.create", "workflow_id": "case-1842", "step": "pay_grant",
+        "business_object": format!("application-{n}"), "revision": 1,
+        "payload": {"account_id": "example-account", "amount_minor": amount, "currency": "RUB", "business_reference": format!("application-{n}")}}))
+    .expect("intent")
+}
+
+fn email(n: usize) -> Intent {
+    Intent::from_json(json!({"action_type": "email.send", "workflow_id": "case-7", "step": "notify",
+        "business_object": format!("application-{n}"), "revision": 1, "payload": {"to": "a@example.test", "subject": "hello"}}))
+    .expect("intent")
+}
+
+fn quick() -> FleetOptions {
+    FleetOptions {
+        timeout: "1s".into(),
+        lease: "3s".into(),
+        extra: FAST_RECONCILER.into(),
+        ..FleetOptions::default()
+    }
+}
+
+async fn wait_status(
+    fleet: &Fleet,
+    env: &Envelope,
+    status: Status,
+) -> oncely_core::journal::Operation {
+    eventually(&format!("{} to be {status}", env.key), DEADLINE, || async {
+        fleet.op(&env.key).await.filter(|op| op.status == status)
+    })
+    .await
+}
+
+async fn events(fleet: &Fleet, env: &Envelope) -> Vec<oncely_core::journal::Event> {
+    fleet.db.journal().events(&env.key).await.expect("events")
+}
+
+/// The article's check, step by step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_articles_check_step_by_step() {
+    let fleet = Fleet::with(quick()).await;
+    let control = fleet.sandbox.control();
+    // 1. One intent, its key.
+    let env = payment(731, 125_000).seal(&secret()).expect("seal");
+    // 4. The bank accepts the request and then never answers (the worker times out at 1s).
+    control
+        .set_faults_json(&json!({"rules": [{"provider": "bank", "mode": "accept_then_timeout", "key": env.key.as_str(), "times": 1, "hold_ms": 30000}]}))
+        .await
+        .expect("faults");
+    // 2. Two handlers at once with the same key.
+    let _w1 = fleet.worker();
+    let _w2 = fleet.worker();
+    futures_util::future::join(
+        fleet.publish_raw("payment_order.create", &env.to_bytes()),
+        fleet.publish_raw("payment_order.create", &env.to_bytes()),
+    )
+    .await;
+    let op = wait_status(&fleet, &env, Status::Unknown).await;
+    // 3. One journal row, one claim.
+    assert_eq!(op.attempt_count, 1);
+    let claims = events(&fleet, &env)
+        .await
+        .iter()
+        .filter(|e| e.reason == "claim")
+        .count();
+    assert_eq!(claims, 1, "one worker got the right to call");
+    assert_eq!(fleet.sandbox.effects().count(env.key.as_str()), 1);
+    // 5–6. Restart (a reconciler comes up): it looks up before anything is resent.
+    let _r = fleet.reconciler();
+    let op = wait_status(&fleet, &env, Status::Succeeded).await;
+    assert!(
+        op.provider_operation_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("po_"))
+    );
+    let stats = control.stats().await.expect("stats");
+    assert_eq!(
+        stats["executes"]["bank"],
+        json!(1),
+        "nothing was resent: {stats}"
+    );
+    assert_eq!(fleet.sandbox.effects().count(env.key.as_str()), 1);
+    let decision = events(&fleet, &env)
+        .await
+        .into_iter()
+        .find(|e| e.from_status.as_deref() == Some("unknown"))
+        .expect("decision event");
+    assert_eq!(
+        (decision.to_status.as_str(), decision.reason.as_str()),
+        ("succeeded", "reconcile_found_succeeded")
+    );
+    // The agent re-runs with the same business context: the saved result, no new call.
+    let producer = fleet.producer().await;
+    match producer
+        .enqueue(payment(731, 125_000))
+        .await
+        .expect("enqueue")
+    {
+        Enqueued::Duplicate {
+            status,
+            provider_operation_id,
+            ..
+        } => {
+            assert_eq!(status, Status::Succeeded);
+            assert_eq!(provider_operation_id, op.provider_operation_id);
+        }
+        other => panic!("expected a duplicate, got {other:?}"),
+    }
+    // 7. Change the payload, keep the key: a conflict.
+    assert!(matches!(
+        producer
+            .enqueue(payment(731, 999_999))
+            .await
+            .expect("enqueue"),
+        Enqueued::Conflict { .. }
+    ));
+    assert_eq!(fleet.sandbox.effects().count(env.key.as_str()), 1);
+}
+
+/// A worker SIGKILLed mid-call: its lease expires, the sweeper makes it unknown, the
+/// reconciler finds the effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_swept_to_unknown_and_reconciled() {
+    let fleet = Fleet::with(quick()).await;
+    fleet
+        .sandbox
+        .control()
+        .set_faults_json(&json!({"rules": [{"provider": "bank", "mode": "latency", "latency_ms": 600, "times": 1}]}))
+        .await
+        .expect("faults");
+    let victim = fleet.worker();
+    let env = payment(1, 500).seal(&secret()).expect("seal");
+    fleet
+        .publish_raw("payment_order.create", &env.to_bytes())
+        .await;
+    wait_status(&fleet, &env, Status::Executing).await;
+    victim.kill().await;
+    // The bank finishes the order after the worker died.
+    eventually("the bank to commit", DEADLINE, || async {
+        (fleet.sandbox.effects().count(env.key.as_str()) == 1).then_some(())
+    })
+    .await;
+    let _r = fleet.reconciler();
+    let _w = fleet.worker();
+    let op = wait_status(&fleet, &env, Status::Succeeded).await;
+    assert_eq!(op.attempt_count, 1, "never re-executed");
+    let trail = events(&fleet, &env).await;
+    assert!(
+        trail.iter().any(|e| e.reason == "lease_expired"
+            && e.to_status == "unknown"
+            && e.actor.starts_with("sweeper:")),
+        "{trail:?}"
+    );
+    assert_eq!(fleet.sandbox.effects().count(env.key.as_str()), 1);
+    assert_eq!(
+        fleet.sandbox.control().stats().await.expect("stats")["executes"]["bank"],
+        json!(1)
+    );
+}
+
+/// Lookup disabled for the bank: unknown → review, no second call; a person resolves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_lookup_a_person_decides_and_retry_means_one_more_attempt() {
+    let fleet = Fleet::with(FleetOptions {
+        action_extra: "max_reconcile_checks = 2".into(),
+        ..quick()
+    })
+    .await;
+    let a = payment(10, 100).seal(&secret()).expect("seal");
+    let b = payment(11, 200).seal(&secret()).expect("seal");
+    fleet
+        .sandbox
+        .control()
+        .set_faults_json(&json!({"lookup_disabled": ["bank"], "rules": [
+            {"provider": "bank", "mode": "accept_then_timeout", "key": a.key.as_str(), "times": 1, "hold_ms": 30000},
+            {"provider": "bank", "mode": "error_before_commit", "key": b.key.as_str(), "times": 1}]}))
+        .await
+        .expect("faults");
+    let _w = fleet.worker();
+    let _r = fleet.reconciler();
+    fleet
+        .publish_raw("payment_order.create", &a.to_bytes())
+        .await;
+    fleet
+        .publish_raw("payment_order.create", &b.to_bytes())
+        .await;
+    for env in [&a, &b] {
+        eventually("a review to open", DEADLINE, || async {
+            let reviews = fleet
+                .db
+                .journal()
+                .reviews_of(&env.key)
+                .await
+                .expect("reviews");
+            (!reviews.is_empty()).then_some(())
+        })
+        .await;
+        assert_eq!(
+            fleet.op(&env.key).await.expect("row").status,
+            Status::Unknown
+        );
+    }
+    let (code, out, _) = fleet.admin(&["review", "list"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(a.key.as_str()) && out.contains(b.key.as_str()),
+        "{out}"
+    );
+    assert_eq!(
+        fleet.sandbox.control().stats().await.expect("stats")["executes"]["bank"],
+        json!(2),
+        "no second call for either"
+    );
+
+    // A: the bank statement shows the order: resolve as succeeded, with the audit record.
+    let (code, _, err) = fleet
+        .admin(&[
+            "review",
+            "resolve",
+            a.key.as_str(),
+            "--as",
+            "succeeded",
+            "--by",
+            "alice",
+        ])
+        .await;
+    assert_ne!(code, 0, "succeeded needs the provider's id");
+    assert!(err.contains("--provider-operation-id"), "{err}");
+    let (code, out, err) = fleet
+        .admin(&[
+            "review",
+            "resolve",
+            a.key.as_str(),
+            "--as",
+            "succeeded",
+            "--provider-operation-id",
+            "po_from_statement",
+            "--by",
+            "alice",
+            "--note",
+            "seen in statement 2026-12-02",
+        ])
+        .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let op = fleet.op(&a.key).await.expect("row");
+    assert_eq!(
+        (op.status, op.provider_operation_id.as_deref()),
+        (Status::Succeeded, Some("po_from_statement"))
+    );
+    let review = fleet
+        .db
+        .journal()
+        .reviews_of(&a.key)
+        .await
+        .expect("reviews")
+        .pop()
+        .expect("review");
+    assert_eq!(
+        (
+            review.resolution.as_deref(),
+            review.resolved_by.as_deref(),
+            review.note.as_deref()
+        ),
+        (
+            Some("succeeded"),
+            Some("alice"),
+            Some("seen in statement 2026-12-02")
+        )
+    );
+    let last = events(&fleet, &a).await.pop().expect("event");
+    assert_eq!(
+        (last.actor.as_str(), last.reason.as_str()),
+        ("review:alice", "review_succeeded")
+    );
+
+    // B: the bank never got it (5xx before commit): retry authorises exactly one more attempt.
+    let (code, out, err) = fleet
+        .admin(&[
+            "review",
+            "resolve",
+            b.key.as_str(),
+            "--as",
+            "retry",
+            "--by",
+            "bob",
+        ])
+        .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let op = wait_status(&fleet, &b, Status::Succeeded).await;
+    assert_eq!(op.attempt_count, 2, "exactly one more attempt");
+    assert_eq!(
+        events(&fleet, &b)
+            .await
+            .iter()
+            .filter(|e| e.reason == "claim")
+            .count(),
+        2
+    );
+    assert_eq!(fleet.sandbox.effects().count(b.key.as_str()), 1);
+    assert_eq!(fleet.sandbox.effects().count(a.key.as_str()), 1);
+    let (code, out, _) = fleet.admin(&["ops", "show", b.key.as_str()]).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("review_retry")
+            && out.contains("review:bob")
+            && !out.contains("example-account"),
+        "{out}"
+    );
+}
+
+/// A provider that forgets keys: an absent lookup after its retention is not retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absence_after_the_key_retention_window_goes_to_review_not_retry() {
+    let fleet = Fleet::with(FleetOptions {
+        key_retention: "4s".into(),
+        ..quick()
+    })
+    .await;
+    let forgotten = email(1).seal(&secret()).expect("seal");
+    let fresh = email(2).seal(&secret()).expect("seal");
+    fleet
+        .sandbox
+        .control()
+        .set_faults_json(&json!({"forget_keys_after_ms": 300, "rules": [
+            {"provider": "mail", "mode": "accept_then_timeout", "key": forgotten.key.as_str(), "times": 1, "hold_ms": 30000},
+            {"provider": "mail", "mode": "error_before_commit", "key": fresh.key.as_str(), "times": 1}]}))
+        .await
+        .expect("faults");
+    let _w = fleet.worker();
+    fleet.publish_raw("email.send", &forgotten.to_bytes()).await;
+    fleet.publish_raw("email.send", &fresh.to_bytes()).await;
+    let op = wait_status(&fleet, &forgotten, Status::Unknown).await;
+    wait_status(&fleet, &fresh, Status::Unknown).await;
+    // Wait (on the database clock) until the first attempt is older than retention − lease.
+    let first = op.first_attempt_at.expect("first attempt");
+    eventually("the key-retention window to pass", DEADLINE, || async {
+        let now = fleet.op(&forgotten.key).await.expect("row").read_at;
+        (now > first + chrono::Duration::seconds(2)).then_some(())
+    })
+    .await;
+    let _r = fleet.reconciler();
+    eventually("a review for the forgotten key", DEADLINE, || async {
+        let r = fleet
+            .db
+            .journal()
+            .reviews_of(&forgotten.key)
+            .await
+            .expect("reviews");
+        r.first()
+            .filter(|r| r.reason == "absent_outside_key_retention")
+            .map(|_| ())
+    })
+    .await;
+    assert_eq!(
+        fleet.op(&forgotten.key).await.expect("row").status,
+        Status::Unknown
+    );
+    assert_eq!(
+        fleet.sandbox.effects().count(forgotten.key.as_str()),
+        1,
+        "a retry would have made a second email"
+    );
+    // The 5xx-before-commit email was absent too, also outside the window here.
+    assert_eq!(fleet.sandbox.effects().count(fresh.key.as_str()), 0);
+}
+
+/// Absent inside the retention window (and a key-honouring provider): retried once, with
+/// the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absence_inside_the_window_is_retried_with_the_same_key() {
+    let fleet = Fleet::with(quick()).await;
+    let env = email(3).seal(&secret()).expect("seal");
+    fleet
+        .sandbox
+        .control()
+        .set_faults_json(&json!({"rules": [{"provider": "mail", "mode": "error_before_commit", "key": env.key.as_str(), "times": 1}]}))
+        .await
+        .expect("faults");
+    let _w = fleet.worker();
+    let _r = fleet.reconciler();
+    fleet.publish_raw("email.send", &env.to_bytes()).await;
+    let op = wait_status(&fleet, &env, Status::Succeeded).await;
+    assert_eq!(op.attempt_count, 2);
+    assert!(
+        events(&fleet, &env)
+            .await
+            .iter()
+            .any(|e| e.reason == "reconcile_absent_retry")
+    );
+    assert_eq!(fleet.sandbox.effects().count(env.key.as_str()), 1);
+}
+
+/// A planned row whose message was never published is republished and executed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_row_never_published_is_republished_once() {
+    let fleet = Fleet::with(quick()).await;
+    let env = payment(77, 7700).seal(&secret()).expect("seal");
+    fleet
+        .db
+        .journal()
+        .record(&env, "crashed-producer")
+        .await
+        .expect("record");
+    let _w = fleet.worker();
+    let _r = fleet.reconciler();
+    let op = wait_status(&fleet, &env, Status::Succeeded).await;
+    assert_eq!(op.attempt_count, 1);
+    assert_eq!(fleet.sandbox.effects().count(env.key.as_str()), 1);
+    // And the SDK's wait() sees it.
+    let producer = fleet.producer().await;
+    let done = producer
+        .wait(&env.key, Duration::from_secs(5))
+        .await
+        .expect("wait")
+        .expect("terminal");
+    assert_eq!(done.status, Status::Succeeded);
+}
+
+/// Two reconcilers at once, duplicate reconcile messages: each operation decided once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reconcilers_never_decide_twice() {
+    let fleet = Fleet::with(quick()).await;
+    let envs: Vec<Envelope> = (0..20)
+        .map(|n| {
+            payment(100 + n, 1000 + n as u64)
+                .seal(&secret())
+                .expect("seal")
+        })
+        .collect();
+    fleet
+        .sandbox
+        .control()
+        .set_faults_json(&json!({"rules": [{"provider": "bank", "mode": "accept_then_timeout", "hold_ms": 30000}]}))
+        .await
+        .expect("faults");
+    let w = fleet.worker();
+    for e in &envs {
+        fleet
+            .publish_raw("payment_order.create", &e.to_bytes())
+            .await;
+    }
+    eventually("all unknown", DEADLINE, || async {
+        (fleet.count("unknown").await == 20).then_some(())
+    })
+    .await;
+    drop(w);
+    fleet
+        .sandbox
+        .control()
+        .set_faults_json(&json!({}))
+        .await
+        .expect("faults");
+    // Extra copies of the reconcile messages.
+    let q = fleet.topology().reconcile_queue();
+    for e in &envs {
+        let body = json!({"idempotency_key": e.key.as_str(), "attempt": 1}).to_string();
+        let ch = &fleet.channel;
+        ch.basic_publish(
+            "".into(),
+            q.as_str().into(),
+            Default::default(),
+            body.as_bytes(),
+            Default::default(),
+        )
+        .await
+        .expect("publish");
+    }
+    let _r1 = fleet.reconciler();
+    let _r2 = fleet.reconciler();
+    eventually("all settled", DEADLINE, || async {
+        (fleet.count("succeeded").await == 20).then_some(())
+    })
+    .await;
+    for e in &envs {
+        let decisions = events(&fleet, e)
+            .await
+            .into_iter()
+            .filter(|ev| ev.from_status.as_deref() == Some("unknown"))
+            .count();
+        assert_eq!(decisions, 1, "{} decided {decisions} times", e.key);
+        assert_eq!(fleet.sandbox.effects().count(e.key.as_str()), 1);
+    }
+}

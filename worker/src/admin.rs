@@ -1,0 +1,390 @@
+//! `oncely-worker admin`: look at operations, decide reviews, purge old rows.
+//!
+//! Readable tables by default, `--json` for scripts. `ops show` never prints the payload
+//! unless `--payload` is given. Every review resolution is recorded with who, when and
+//! the note, and moves the operation by compare-and-set.
+
+use clap::{Args, Subcommand, ValueEnum};
+use oncely_core::config::{Config, parse_duration};
+use oncely_core::journal::{Journal, OpsFilter, Resolution};
+use oncely_core::{IdempotencyKey, Status};
+use std::time::Duration;
+
+/// Admin subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Operations.
+    #[command(subcommand)]
+    Ops(OpsCommand),
+    /// Human reviews.
+    #[command(subcommand)]
+    Review(ReviewCommand),
+    /// Delete terminal operations past retention (never sooner than the provider's key retention).
+    Purge {
+        /// Age past which terminal operations go (e.g. `30d`).
+        #[arg(long)]
+        older_than: String,
+        /// Only count what would go.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// `admin ops …`
+#[derive(Debug, Subcommand)]
+pub enum OpsCommand {
+    /// List operations, newest first.
+    List(ListArgs),
+    /// One operation and its event history.
+    Show {
+        /// The idempotency key.
+        key: String,
+        /// Also print the payload (personal data: only when needed).
+        #[arg(long)]
+        payload: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Filters for `ops list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only this status.
+    #[arg(long)]
+    pub status: Option<Status>,
+    /// Only this action type.
+    #[arg(long)]
+    pub action: Option<String>,
+    /// Only this workflow.
+    #[arg(long)]
+    pub workflow: Option<String>,
+    /// Only operations created longer ago than this (e.g. `10m`).
+    #[arg(long)]
+    pub older_than: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: i64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `admin review …`
+#[derive(Debug, Subcommand)]
+pub enum ReviewCommand {
+    /// Open reviews (or all with `--all`).
+    List {
+        /// Include resolved ones.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decide an open review.
+    Resolve {
+        /// The idempotency key.
+        key: String,
+        /// The decision.
+        #[arg(long = "as", value_enum)]
+        resolution: ResolveAs,
+        /// Required with `--as succeeded`: the provider's id (e.g. from the bank statement).
+        #[arg(long)]
+        provider_operation_id: Option<String>,
+        /// Who decides (recorded in the audit trail).
+        #[arg(long)]
+        by: String,
+        /// Why (recorded).
+        #[arg(long)]
+        note: Option<String>,
+    },
+}
+
+/// Review decisions.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ResolveAs {
+    /// The effect happened.
+    Succeeded,
+    /// It did not and must not: failed_final.
+    Failed,
+    /// It did not: authorise exactly one more attempt.
+    Retry,
+}
+
+fn table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    println!("{}", line(headers.iter().map(|h| h.to_string()).collect()));
+    for r in rows {
+        println!("{}", line(r.clone()));
+    }
+}
+
+fn short_time(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+/// Run an admin command; returns the exit code.
+pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
+    let pool = oncely_core::db::connect(
+        &config.database_url,
+        &oncely_core::db::PoolSettings {
+            max_connections: 2,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let journal = Journal::new(pool);
+    match cmd {
+        AdminCommand::Ops(OpsCommand::List(a)) => {
+            let older_than = a
+                .older_than
+                .as_deref()
+                .map(parse_duration)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
+            let ops = journal
+                .list(&OpsFilter {
+                    status: a.status,
+                    action_type: a.action,
+                    workflow_id: a.workflow,
+                    older_than,
+                    limit: a.limit,
+                })
+                .await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&ops)?);
+            } else {
+                let rows: Vec<Vec<String>> = ops
+                    .iter()
+                    .map(|o| {
+                        vec![
+                            o.key.to_string(),
+                            o.action_type.clone(),
+                            o.workflow_id.clone(),
+                            o.status.to_string(),
+                            o.attempt_count.to_string(),
+                            o.provider_operation_id
+                                .clone()
+                                .unwrap_or_else(|| "-".into()),
+                            o.last_error_code.clone().unwrap_or_else(|| "-".into()),
+                            short_time(o.updated_at),
+                        ]
+                    })
+                    .collect();
+                table(
+                    &[
+                        "KEY",
+                        "ACTION",
+                        "WORKFLOW",
+                        "STATUS",
+                        "ATT",
+                        "PROVIDER ID",
+                        "ERROR",
+                        "UPDATED",
+                    ],
+                    &rows,
+                );
+            }
+            Ok(0)
+        }
+        AdminCommand::Ops(OpsCommand::Show { key, payload, json }) => {
+            let key = IdempotencyKey::parse(&key)?;
+            let Some(mut op) = journal.get(&key).await? else {
+                eprintln!("no operation with key {key}");
+                return Ok(1);
+            };
+            let events = journal.events(&key).await?;
+            let reviews = journal.reviews_of(&key).await?;
+            let shown_payload = if payload { op.payload.take() } else { None };
+            if json {
+                let mut v =
+                    serde_json::json!({"operation": op, "events": events, "reviews": reviews});
+                if let Some(p) = shown_payload {
+                    v["payload"] = p;
+                }
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(0);
+            }
+            println!("key          {}", op.key);
+            println!("action       {}", op.action_type);
+            println!("tenant       {}", op.tenant.as_deref().unwrap_or("-"));
+            println!(
+                "workflow     {} / step {} / {} rev {}",
+                op.workflow_id, op.step, op.business_object, op.revision
+            );
+            println!("status       {}", op.status);
+            println!(
+                "attempts     {} (reconcile checks {})",
+                op.attempt_count, op.reconcile_checks
+            );
+            println!(
+                "provider id  {}",
+                op.provider_operation_id.as_deref().unwrap_or("-")
+            );
+            println!(
+                "last error   {}",
+                op.last_error_code.as_deref().unwrap_or("-")
+            );
+            println!(
+                "lease/due    {}{}",
+                op.lease_until.map(short_time).unwrap_or_else(|| "-".into()),
+                op.lease_owner
+                    .as_ref()
+                    .map(|o| format!(" ({o})"))
+                    .unwrap_or_default()
+            );
+            println!("payload hash {}", op.payload_hash);
+            println!(
+                "created      {}   updated {}",
+                short_time(op.created_at),
+                short_time(op.updated_at)
+            );
+            if let Some(p) = shown_payload {
+                println!("payload      {p}");
+            }
+            println!();
+            let rows: Vec<Vec<String>> = events
+                .iter()
+                .map(|e| {
+                    vec![
+                        short_time(e.at),
+                        e.from_status.clone().unwrap_or_else(|| "-".into()),
+                        e.to_status.clone(),
+                        e.attempt.to_string(),
+                        e.actor.clone(),
+                        e.reason.clone(),
+                        e.error_code
+                            .clone()
+                            .or_else(|| e.provider_operation_id.clone())
+                            .unwrap_or_else(|| "-".into()),
+                    ]
+                })
+                .collect();
+            table(
+                &["AT", "FROM", "TO", "ATT", "ACTOR", "REASON", "DETAIL"],
+                &rows,
+            );
+            for r in reviews {
+                println!();
+                println!(
+                    "review #{}: {} (opened {} by {}){}",
+                    r.id,
+                    r.reason,
+                    short_time(r.opened_at),
+                    r.opened_by,
+                    match (&r.resolution, &r.resolved_by) {
+                        (Some(res), Some(by)) => format!(
+                            " → {res} by {by}{}",
+                            r.note
+                                .as_ref()
+                                .map(|n| format!(": {n}"))
+                                .unwrap_or_default()
+                        ),
+                        _ => " — OPEN".into(),
+                    }
+                );
+            }
+            Ok(0)
+        }
+        AdminCommand::Review(ReviewCommand::List { all, json }) => {
+            let reviews = journal.reviews(all).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&reviews)?);
+            } else {
+                let rows: Vec<Vec<String>> = reviews
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.idempotency_key.clone(),
+                            r.reason.clone(),
+                            short_time(r.opened_at),
+                            r.resolution.clone().unwrap_or_else(|| "OPEN".into()),
+                            r.resolved_by.clone().unwrap_or_else(|| "-".into()),
+                        ]
+                    })
+                    .collect();
+                table(&["KEY", "REASON", "OPENED", "RESOLUTION", "BY"], &rows);
+            }
+            Ok(0)
+        }
+        AdminCommand::Review(ReviewCommand::Resolve {
+            key,
+            resolution,
+            provider_operation_id,
+            by,
+            note,
+        }) => {
+            let key = IdempotencyKey::parse(&key)?;
+            let resolution = match (resolution, provider_operation_id) {
+                (ResolveAs::Succeeded, Some(id)) if !id.trim().is_empty() => {
+                    Resolution::Succeeded {
+                        provider_operation_id: id,
+                    }
+                }
+                (ResolveAs::Succeeded, _) => anyhow::bail!(
+                    "--as succeeded needs --provider-operation-id (the provider's id of the effect)"
+                ),
+                (ResolveAs::Failed, None) => Resolution::Failed,
+                (ResolveAs::Retry, None) => Resolution::Retry,
+                (_, Some(_)) => {
+                    anyhow::bail!("--provider-operation-id only goes with --as succeeded")
+                }
+            };
+            if by.trim().is_empty() {
+                anyhow::bail!("--by must name who decides");
+            }
+            let op = journal
+                .resolve_review(&key, &resolution, &by, note.as_deref())
+                .await?;
+            println!("{} is now {} (resolved by {by})", op.key, op.status);
+            if op.status == Status::FailedRetryable {
+                println!(
+                    "one more attempt is authorised; the sweeper republishes it within its next pass"
+                );
+            }
+            Ok(0)
+        }
+        AdminCommand::Purge {
+            older_than,
+            dry_run,
+        } => {
+            let age =
+                parse_duration(&older_than).map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
+            let mut cutoffs = Vec::new();
+            for (action, policy) in &config.actions {
+                let retention = config
+                    .providers
+                    .get(&policy.provider)
+                    .and_then(|p| p.key_retention)
+                    .unwrap_or(Duration::ZERO);
+                if age < retention {
+                    eprintln!(
+                        "note: {action} keeps operations for its provider's key retention ({retention:?}), longer than --older-than"
+                    );
+                }
+                cutoffs.push((action.clone(), age.max(retention)));
+            }
+            let n = journal.purge(&cutoffs, dry_run).await?;
+            println!(
+                "{} {n} terminal operations",
+                if dry_run { "would purge" } else { "purged" }
+            );
+            Ok(0)
+        }
+    }
+}

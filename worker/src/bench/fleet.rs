@@ -1,0 +1,493 @@
+//! oncely end to end: a fresh database, an in-process sandbox, W real `oncely-worker run`
+//! processes, and the producer SDK enqueueing N intents; measured until the journal
+//! shows N `succeeded`.
+
+use super::intents::{ACTIONS, Workload};
+use super::sys::{self, CpuSampler, CpuUse};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use oncely_core::config::Config;
+use oncely_core::db::{self, PoolSettings};
+use oncely_core::topology::{self, Topology};
+use oncely_core::{Intent, KeySecret};
+use oncely_producer::{Enqueued, Producer};
+use serde::Serialize;
+use sqlx::PgPool;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+/// Intents per `enqueue_many` call at full load.
+pub const ENQUEUE_CHUNK: usize = 1000;
+/// How often the journal is polled for the `succeeded` count.
+const POLL: Duration = Duration::from_millis(50);
+/// A run fails when the `succeeded` count does not move for this long.
+const STALL: Duration = Duration::from_secs(60);
+
+/// What every end-to-end run shares.
+#[derive(Debug, Clone)]
+pub struct FleetEnv {
+    /// Postgres server URL (the bench's databases are created on it).
+    pub server_url: String,
+    /// RabbitMQ URL.
+    pub amqp_url: String,
+    /// `prefetch` = `max_in_flight` = `batch` of every worker.
+    pub concurrency: u16,
+    /// The workload.
+    pub workload: Workload,
+    /// Intents per run.
+    pub intents: usize,
+    /// The key secret (given to the workers too, so they verify keys).
+    pub secret: String,
+    /// The `oncely-worker` binary.
+    pub worker_bin: PathBuf,
+    /// Unique per bench invocation.
+    pub run_id: String,
+}
+
+/// One run's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct FleetSpec {
+    /// Worker processes.
+    pub workers: usize,
+    /// Sandbox latency per new key (ms).
+    pub latency_ms: u64,
+    /// Enqueue at this rate (intents/s) instead of as fast as possible.
+    pub pace: Option<f64>,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetResult {
+    /// Worker processes.
+    pub workers: usize,
+    /// Sandbox latency (ms).
+    pub sandbox_latency_ms: u64,
+    /// The paced enqueue rate, if paced (intents/s).
+    pub offered_per_s: Option<f64>,
+    /// Operations.
+    pub intents: usize,
+    /// Seconds from the first enqueue to the last `succeeded` (database clock).
+    pub seconds: f64,
+    /// Operations per second.
+    pub actions_per_s: f64,
+    /// Seconds the producer took to enqueue everything.
+    pub enqueue_seconds: f64,
+    /// Per-operation latency, `updated_at - created_at` (ms): median.
+    pub p50_ms: f64,
+    /// 95th percentile (ms).
+    pub p95_ms: f64,
+    /// 99th percentile (ms).
+    pub p99_ms: f64,
+    /// Slowest (ms).
+    pub max_ms: f64,
+    /// `VmHWM` of each worker just before it was stopped (MiB).
+    pub peak_rss_mib: Vec<f64>,
+    /// Provider calls the sandbox counted (= effects; no key had two).
+    pub effects: u64,
+    /// Where the CPUs' time went.
+    pub cpu: CpuUse,
+}
+
+impl FleetResult {
+    /// The largest worker peak RSS (MiB).
+    pub fn max_rss_mib(&self) -> f64 {
+        self.peak_rss_mib.iter().copied().fold(0.0, f64::max)
+    }
+}
+
+/// A spawned worker.
+#[derive(Debug)]
+struct Worker {
+    child: Child,
+    pid: u32,
+    log: PathBuf,
+}
+
+/// What a run created, torn down whatever happened.
+#[derive(Debug, Default)]
+struct Resources {
+    workers: Vec<Worker>,
+    sandbox: Option<oncely_sandbox::Sandbox>,
+}
+
+/// Run once; everything it creates is removed at the end (logs are kept on failure).
+pub async fn run(env: &FleetEnv, spec: FleetSpec, seq: usize) -> anyhow::Result<FleetResult> {
+    let db_name = format!("oncely_bench_{}_{seq}", env.run_id);
+    let prefix = format!("oncely-bench-{}-{seq}", env.run_id);
+    let dir = std::env::temp_dir().join(&prefix);
+    sys::registry(|r| {
+        r.databases.push(db_name.clone());
+        r.prefixes.push(prefix.clone());
+        r.dirs.push(dir.clone());
+    });
+    let mut res = Resources::default();
+    let result = measure(env, spec, &db_name, &prefix, &dir, &mut res).await;
+    for w in std::mem::take(&mut res.workers) {
+        stop(w).await;
+    }
+    if let Some(s) = res.sandbox.take() {
+        s.shutdown().await;
+    }
+    if let Err(e) = super::delete_topology(&env.amqp_url, &prefix).await {
+        eprintln!("warning: could not delete the queues of {prefix}: {e}");
+    }
+    if let Err(e) = super::drop_database(&env.server_url, &db_name).await {
+        eprintln!("warning: could not drop database {db_name}: {e}");
+    }
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("worker logs kept in {}", dir.display());
+    }
+    sys::registry(|r| {
+        r.databases.retain(|d| d != &db_name);
+        r.prefixes.retain(|p| p != &prefix);
+        r.dirs.retain(|d| d != &dir);
+    });
+    result
+}
+
+/// The config file every worker of a run reads (the structure of the tests' fleet).
+fn config_toml(env: &FleetEnv, db_url: &str, prefix: &str, sandbox: &str) -> String {
+    let c = env.concurrency;
+    let mut toml = format!(
+        "database_url = \"{db_url}\"\n\
+         [broker]\nurl = \"{amqp}\"\nprefix = \"{prefix}\"\nqueue_type = \"quorum\"\n\
+         [worker]\nprefetch = {c}\nmax_in_flight = {c}\nbatch = {c}\ndb_connections = 8\n",
+        amqp = env.amqp_url
+    );
+    for (action, provider, path, on_unknown) in [
+        (
+            "email.send",
+            "mail",
+            "/v1/emails",
+            "reconcile_then_retry_if_absent",
+        ),
+        (
+            "ticket.create",
+            "tickets",
+            "/v1/tickets",
+            "reconcile_then_retry_if_absent",
+        ),
+        (
+            "payment_order.create",
+            "bank",
+            "/v1/payment-orders",
+            "reconcile_then_review",
+        ),
+    ] {
+        toml.push_str(&format!(
+            "[actions.\"{action}\"]\nprovider = \"{provider}\"\nlease = \"1m\"\nretry_delay = \"2s\"\non_unknown = \"{on_unknown}\"\n\
+             [providers.{provider}]\nbase_url = \"{sandbox}\"\nexecute_path = \"{path}\"\nlookup_path = \"{path}?idempotency_key={{key}}\"\n\
+             lookup_by_reference_path = \"{path}?reference={{reference}}\"\nkey_retention = \"24h\"\nconnect_timeout = \"1s\"\ntimeout = \"5s\"\n"
+        ));
+    }
+    toml
+}
+
+async fn measure(
+    env: &FleetEnv,
+    spec: FleetSpec,
+    db_name: &str,
+    prefix: &str,
+    dir: &Path,
+    res: &mut Resources,
+) -> anyhow::Result<FleetResult> {
+    let n = env.intents;
+    let db_url = super::database_url(&env.server_url, db_name);
+    let pool = db::prepare(
+        &db_url,
+        &PoolSettings {
+            max_connections: 2,
+            ..PoolSettings::default()
+        },
+    )
+    .await?;
+    let sandbox = oncely_sandbox::spawn("127.0.0.1:0".parse()?).await?;
+    if spec.latency_ms > 0 {
+        sandbox.set_faults(oncely_sandbox::Faults {
+            latency_ms: spec.latency_ms,
+            ..Default::default()
+        })?;
+    }
+    let base = sandbox.base_url();
+    res.sandbox = Some(sandbox);
+
+    std::fs::create_dir_all(dir)?;
+    let toml = config_toml(env, &db_url, prefix, &base);
+    let config_path = dir.join("oncely.toml");
+    std::fs::write(&config_path, &toml)?;
+    let config = Config::from_toml(
+        &toml,
+        &config_path.display().to_string(),
+        std::iter::empty(),
+    )?;
+
+    // The topology exists before any worker or producer starts.
+    let conn = topology::connect(&env.amqp_url, "oncely-bench").await?;
+    let channel = conn.create_channel().await?;
+    let topo = Topology::new(&config.broker);
+    topo.declare(&channel, &ACTIONS).await?;
+
+    for i in 0..spec.workers {
+        res.workers.push(spawn(env, &config_path, dir, i)?);
+    }
+    wait_consuming(&channel, &topo, spec.workers, &mut res.workers).await?;
+
+    let secret = KeySecret::new(env.secret.clone().into_bytes())?;
+    let producer = Arc::new(Producer::connect(&config, secret).await?);
+    let intents = env.workload.intents(n);
+
+    let cpu = CpuSampler::start();
+    let t0: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&pool)
+        .await?;
+    let mut enqueuing = Some(tokio::spawn(enqueue(producer.clone(), intents, spec.pace)));
+    let mut enqueue_seconds = None;
+    let mut last = (0i64, Instant::now());
+    loop {
+        tokio::time::sleep(POLL).await;
+        let done: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM agent_operations WHERE status = 'succeeded'")
+                .fetch_one(&pool)
+                .await?;
+        if enqueuing.as_ref().is_some_and(|h| h.is_finished())
+            && let Some(h) = enqueuing.take()
+        {
+            enqueue_seconds = Some(h.await??);
+        }
+        if done as usize >= n {
+            break;
+        }
+        if done > last.0 {
+            last = (done, Instant::now());
+        } else if last.1.elapsed() > STALL {
+            anyhow::bail!(
+                "only {done} of {n} operations succeeded, none for {} s (journal: {}); \
+                 see the worker logs",
+                STALL.as_secs(),
+                statuses(&pool).await
+            );
+        }
+        for w in &mut res.workers {
+            if let Some(status) = w.child.try_wait()? {
+                anyhow::bail!(
+                    "worker {} exited ({status}) during the run:\n{}",
+                    w.pid,
+                    tail(&w.log)
+                );
+            }
+        }
+    }
+    let enqueue_seconds = match (enqueue_seconds, enqueuing.take()) {
+        (Some(s), _) => s,
+        (None, Some(h)) => h.await??,
+        (None, None) => 0.0,
+    };
+    let pids: Vec<u32> = res.workers.iter().map(|w| w.pid).collect();
+    let cpu = cpu.finish(&pids);
+    let t_end: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT max(updated_at) FROM agent_operations")
+            .fetch_one(&pool)
+            .await?;
+    let seconds = (t_end - t0).num_microseconds().unwrap_or(0) as f64 / 1e6;
+    let mut lat: Vec<f64> = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM updated_at - created_at) * 1000)::float8 \
+         FROM agent_operations WHERE status = 'succeeded'",
+    )
+    .fetch_all(&pool)
+    .await?;
+    lat.sort_by(f64::total_cmp);
+    let peak_rss_mib: Vec<f64> = pids
+        .iter()
+        .map(|p| sys::peak_rss_mib(*p).unwrap_or(f64::NAN))
+        .collect();
+
+    // Ground truth: one effect per key at the sandbox.
+    let effects = res
+        .sandbox
+        .as_ref()
+        .map(|s| s.effects())
+        .unwrap_or_default();
+    let dups = effects.duplicates().count();
+    if dups > 0 || effects.keys.len() != n {
+        anyhow::bail!(
+            "the sandbox saw {} keys with an effect ({dups} with more than one) for {n} operations",
+            effects.keys.len()
+        );
+    }
+    drop(producer);
+    pool.close().await;
+    let _ = conn.close(200, "bench done".into()).await;
+    Ok(FleetResult {
+        workers: spec.workers,
+        sandbox_latency_ms: spec.latency_ms,
+        offered_per_s: spec.pace,
+        intents: n,
+        seconds,
+        actions_per_s: n as f64 / seconds,
+        enqueue_seconds,
+        p50_ms: percentile(&lat, 0.50),
+        p95_ms: percentile(&lat, 0.95),
+        p99_ms: percentile(&lat, 0.99),
+        max_ms: lat.last().copied().unwrap_or(f64::NAN),
+        peak_rss_mib,
+        effects: effects.total,
+        cpu,
+    })
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Enqueue everything (at full speed, or paced); returns the seconds it took.
+async fn enqueue(
+    producer: Arc<Producer>,
+    mut intents: Vec<Intent>,
+    pace: Option<f64>,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let n = intents.len();
+    let mut sent = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    while !intents.is_empty() {
+        let take = match pace {
+            None => ENQUEUE_CHUNK,
+            Some(rate) => {
+                tick.tick().await;
+                let due = ((started.elapsed().as_secs_f64() * rate) as usize).min(n);
+                due.saturating_sub(sent).min(ENQUEUE_CHUNK)
+            }
+        };
+        if take == 0 {
+            continue;
+        }
+        let rest = intents.split_off(take.min(intents.len()));
+        let chunk = std::mem::replace(&mut intents, rest);
+        sent += chunk.len();
+        for r in producer.enqueue_many(chunk).await? {
+            match r {
+                Ok(Enqueued::Enqueued { .. }) => {}
+                Ok(other) => anyhow::bail!("enqueue: expected a new operation, got {other:?}"),
+                Err(e) => anyhow::bail!("enqueue failed: {e}"),
+            }
+        }
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Start `oncely-worker --config FILE run`, its stderr in a log file.
+fn spawn(env: &FleetEnv, config: &Path, dir: &Path, i: usize) -> anyhow::Result<Worker> {
+    let log = dir.join(format!("worker-{i}.log"));
+    let file = std::fs::File::create(&log)?;
+    let mut cmd = Command::new(&env.worker_bin);
+    cmd.arg("--config").arg(config).arg("run");
+    // The config file says everything: no override from this shell may redirect a worker.
+    for (k, _) in std::env::vars_os() {
+        let name = k.to_string_lossy();
+        if name.starts_with("ONCELY") || name == "DATABASE_URL" {
+            cmd.env_remove(&k);
+        }
+    }
+    let child = cmd
+        .env("ONCELY_KEY_SECRET", &env.secret)
+        .env("ONCELY_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", env.worker_bin.display()))?;
+    let pid = child.id().unwrap_or(0);
+    sys::registry(|r| r.pids.push(pid));
+    Ok(Worker { child, pid, log })
+}
+
+/// Wait until every action queue has `workers` consumers.
+async fn wait_consuming(
+    channel: &lapin::Channel,
+    topo: &Topology,
+    workers: usize,
+    procs: &mut [Worker],
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut ready = true;
+        for a in ACTIONS {
+            let q = channel
+                .queue_declare(
+                    topo.action_queue(a).as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            ready &= q.consumer_count() as usize >= workers;
+        }
+        if ready {
+            return Ok(());
+        }
+        for w in procs.iter_mut() {
+            if let Some(status) = w.child.try_wait()? {
+                anyhow::bail!(
+                    "worker {} exited ({status}) at start:\n{}",
+                    w.pid,
+                    tail(&w.log)
+                );
+            }
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("the workers did not start consuming within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// SIGTERM, wait for a graceful exit, SIGKILL after 30 s.
+async fn stop(mut w: Worker) {
+    sys::signal(w.pid, "TERM");
+    if tokio::time::timeout(Duration::from_secs(30), w.child.wait())
+        .await
+        .is_err()
+    {
+        eprintln!(
+            "warning: worker {} ignored SIGTERM for 30 s; killing it",
+            w.pid
+        );
+        let _ = w.child.kill().await;
+    }
+    sys::registry(|r| r.pids.retain(|p| *p != w.pid));
+}
+
+/// `status=count, …` of the journal.
+async fn statuses(pool: &PgPool) -> String {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT status, count(*) FROM agent_operations GROUP BY status ORDER BY status",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    rows.iter()
+        .map(|(s, c)| format!("{s}={c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The last lines of a log.
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}

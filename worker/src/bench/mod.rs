@@ -1,0 +1,478 @@
+//! `oncely-bench`: oncely's throughput and latency next to the two ceilings it is built
+//! on, measured in one run on one machine, printed as a table (see `docs/performance.md`).
+//!
+//! 1. **Broker ceiling** ([`broker`]): publish with confirms (windows of 1000) and
+//!    consume with acks through one quorum queue; same bodies, same prefetch.
+//! 2. **Journal ceiling** ([`journal`]): the article's three autocommit statements per
+//!    action on oncely's real schema, from C concurrent connections.
+//! 3. **oncely end to end** ([`fleet`]): real `oncely-worker run` processes, the
+//!    in-process sandbox, the producer SDK; full load, then half load (paced at half the
+//!    full-load rate), then the scaling runs (workers, sandbox latency).
+//!
+//! Every measurement gets its own database and broker prefix and removes them at the
+//! end. Design targets are printed next to the figures and never asserted: the bench
+//! fails (exit 1) only when something broke.
+//!
+//! # Layout
+//! - [`intents`]: the workload (the three action types, real envelopes).
+//! - [`broker`], [`journal`], [`fleet`]: the measurements.
+//! - [`report`]: the table and the JSON.
+//! - [`sys`]: `/proc` readings and the cleanup registry.
+
+pub mod broker;
+pub mod fleet;
+pub mod intents;
+pub mod journal;
+pub mod report;
+pub mod sys;
+
+use fleet::{FleetEnv, FleetResult, FleetSpec};
+use intents::{ACTIONS, Workload};
+use oncely_core::KeySecret;
+use oncely_core::config::BrokerConfig;
+use oncely_core::db::{self, PoolSettings};
+use oncely_core::topology::{self, Topology};
+use std::path::PathBuf;
+
+/// `oncely-bench` options.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "oncely-bench",
+    version,
+    about = "Benchmark oncely against its two ceilings (RabbitMQ alone, the article's journal flow alone), in one run.",
+    long_about = "Benchmark oncely against its two ceilings, in one run on this machine, and print one table.\n\n\
+1. broker ceiling: publish with confirms + consume with acks through a quorum queue (no journal, no provider);\n\
+2. journal ceiling: the article's three statements per action (insert planned, claim, complete) on oncely's schema;\n\
+3. oncely end to end: real `oncely-worker run` processes (found next to this binary), the in-process sandbox and the\n\
+   producer SDK, at full load and at half load, then the scaling runs (workers, sandbox latency).\n\n\
+Each measurement creates its own database and broker prefix and removes them at the end. Design targets are printed\n\
+next to the figures, never asserted: the exit status is 1 only when something broke.\n\n\
+Build first: `cargo build --release --bins`, then `./target/release/oncely-bench`."
+)]
+pub struct BenchArgs {
+    /// Operations per measurement [default: 20000; with --quick: 1000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub intents: Option<u64>,
+    /// Concurrency C used by all three measurements alike: the broker ceiling's prefetch,
+    /// the journal ceiling's connections, and each worker's prefetch, max_in_flight and batch.
+    #[arg(long, value_name = "C", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+    /// Message size in bytes for all measurements (payloads are padded to reach it)
+    /// [default: a real envelope's size, about 400].
+    #[arg(long, value_name = "BYTES")]
+    pub message_bytes: Option<usize>,
+    /// Worker processes of the scaling rows (sandbox latency 0) [default: 1,2,4; with --quick: 1,2].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..))]
+    pub workers: Option<Vec<u64>>,
+    /// Sandbox latencies (ms) of the scaling rows, with --fleet workers [default: 0,50; with --quick: 0].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub latency_ms: Option<Vec<u64>>,
+    /// Worker processes of the headline end-to-end runs (full and half load) and of the
+    /// latency rows.
+    #[arg(long, value_name = "W", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub fleet: u64,
+    /// CI smoke test: 1000 intents, workers 1,2, latency 0 (explicit flags still win).
+    #[arg(long)]
+    pub quick: bool,
+    /// Postgres server URL; the bench creates and drops its own databases on it.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub database_url: String,
+    /// RabbitMQ URL; the bench uses its own queue prefix and deletes its queues.
+    #[arg(
+        long,
+        env = "ONCELY_AMQP_URL",
+        hide_env_values = true,
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp_url: String,
+    /// Also print the figures as JSON (after the table).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The settings after `--quick` and the defaults are applied.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Operations per measurement.
+    pub intents: usize,
+    /// C.
+    pub concurrency: u16,
+    /// `--message-bytes`, if given.
+    pub message_bytes: Option<usize>,
+    /// Scaling rows: workers.
+    pub workers: Vec<usize>,
+    /// Scaling rows: sandbox latency (ms).
+    pub latency_ms: Vec<u64>,
+    /// Headline workers.
+    pub fleet: usize,
+}
+
+impl BenchArgs {
+    /// Resolve `--quick` and the defaults.
+    pub fn settings(&self) -> Settings {
+        let dedup = |mut v: Vec<u64>| {
+            let mut seen = Vec::new();
+            v.retain(|x| {
+                let new = !seen.contains(x);
+                seen.push(*x);
+                new
+            });
+            v
+        };
+        let (n, workers, latency) = if self.quick {
+            (1000, vec![1, 2], vec![0])
+        } else {
+            (20_000, vec![1, 2, 4], vec![0, 50])
+        };
+        Settings {
+            intents: self.intents.map_or(n, |v| v as usize),
+            concurrency: self.concurrency,
+            message_bytes: self.message_bytes,
+            workers: dedup(self.workers.clone().unwrap_or(workers))
+                .into_iter()
+                .map(|w| w as usize)
+                .collect(),
+            latency_ms: dedup(self.latency_ms.clone().unwrap_or(latency)),
+            fleet: self.fleet as usize,
+        }
+    }
+}
+
+/// The URL of database `name` on the server of `server_url`.
+pub fn database_url(server_url: &str, name: &str) -> String {
+    let (base, query) = match server_url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (server_url, None),
+    };
+    // Keep `postgres://user@host:port`, replace the path.
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+/// `DROP DATABASE … WITH (FORCE)`.
+pub async fn drop_database(server_url: &str, name: &str) -> anyhow::Result<()> {
+    let admin = db::connect(
+        server_url,
+        &PoolSettings {
+            max_connections: 1,
+            ..Default::default()
+        },
+    )
+    .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+        name.replace('"', "")
+    )))
+    .execute(&admin)
+    .await?;
+    admin.close().await;
+    Ok(())
+}
+
+/// Delete the oncely queues and exchanges of `prefix`.
+pub async fn delete_topology(amqp_url: &str, prefix: &str) -> anyhow::Result<()> {
+    let conn = topology::connect(amqp_url, "oncely-bench-cleanup").await?;
+    let ch = conn.create_channel().await?;
+    let topo = Topology::new(&BrokerConfig {
+        prefix: prefix.to_owned(),
+        ..BrokerConfig::default()
+    });
+    topo.delete(&ch, &ACTIONS).await?;
+    let _ = conn.close(200, "bench cleanup".into()).await;
+    Ok(())
+}
+
+/// Remove whatever an interrupted run left (databases, queues, processes, directories).
+pub async fn cleanup_all(server_url: &str, amqp_url: &str) {
+    let reg = sys::registry(std::mem::take);
+    for pid in &reg.pids {
+        sys::signal(*pid, "KILL");
+    }
+    for d in &reg.databases {
+        if let Err(e) = drop_database(server_url, d).await {
+            eprintln!("warning: could not drop database {d}: {e}");
+        }
+    }
+    for p in &reg.prefixes {
+        if let Err(e) = delete_topology(amqp_url, p).await {
+            eprintln!("warning: could not delete the queues of {p}: {e}");
+        }
+    }
+    for q in &reg.queues {
+        if let Err(e) = broker::delete_queue(amqp_url, q).await {
+            eprintln!("warning: could not delete queue {q}: {e}");
+        }
+    }
+    for d in &reg.dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// The `oncely-worker` binary next to this executable. When launched by `cargo run`,
+/// build it first (a no-op when fresh) so the workers run the same code as the bench.
+pub fn worker_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} has no directory", exe.display()))?;
+    let path = dir.join("oncely-worker");
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let profile = match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev".to_owned(),
+            Some(p) => p.to_owned(),
+            None => "dev".to_owned(),
+        };
+        eprintln!(
+            "building oncely-worker (cargo build --profile {profile} -p oncely-worker --bin oncely-worker)"
+        );
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--profile", &profile, "-p", "oncely-worker"])
+            .args(["--bin", "oncely-worker"])
+            .status()?;
+        if !status.success() {
+            anyhow::bail!("building oncely-worker failed");
+        }
+    }
+    if !path.exists() {
+        let hint = if dir.ends_with("release") {
+            "cargo build --release --bins"
+        } else {
+            "cargo build --bins"
+        };
+        anyhow::bail!(
+            "{} not found: the bench runs real worker processes; build them first with `{hint}`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Run the whole bench and print the report.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let s = args.settings();
+    let started = chrono::Utc::now();
+    let machine = sys::Machine::read();
+    let worker_bin = worker_binary()?;
+    let services = report::Services::probe(&args.database_url, &args.amqp_url).await?;
+    let run_id = format!("{}_{}", std::process::id(), started.timestamp());
+    let secret_text = format!("oncely-bench-secret-{run_id}");
+    let secret = KeySecret::new(secret_text.clone().into_bytes())?;
+    let workload = match s.message_bytes {
+        Some(t) => Workload::sized(t, &secret)?,
+        None => Workload::natural(),
+    };
+    let envelopes = workload.envelopes(s.intents, &secret)?;
+    let bodies: Vec<(String, Vec<u8>)> = envelopes
+        .iter()
+        .map(|e| (e.key.as_str().to_owned(), e.to_bytes()))
+        .collect();
+    let message_bytes =
+        bodies.iter().map(|(_, b)| b.len()).sum::<usize>() as f64 / bodies.len().max(1) as f64;
+
+    // The plan: headline full + half, then the scaling rows not already measured.
+    let mut rows: Vec<(usize, u64)> = s.workers.iter().map(|w| (*w, 0)).collect();
+    rows.extend(s.latency_ms.iter().map(|l| (s.fleet, *l)));
+    let mut seen = vec![(s.fleet, 0u64)];
+    let extra: Vec<(usize, u64)> = rows
+        .iter()
+        .copied()
+        .filter(|r| {
+            let new = !seen.contains(r);
+            seen.push(*r);
+            new
+        })
+        .collect();
+    let steps = 4 + extra.len();
+    let c = s.concurrency;
+    let n = s.intents;
+    let step = |i: usize, what: &str| eprintln!("[{i}/{steps}] {what}");
+
+    step(
+        1,
+        &format!("broker ceiling: {n} messages through a quorum queue, prefetch {c}"),
+    );
+    let broker = broker::run(
+        &args.amqp_url,
+        &format!("oncely-bench-{run_id}"),
+        &bodies,
+        c,
+    )
+    .await?;
+    eprintln!("      {:.0} msg/s", broker.msg_per_s);
+
+    step(
+        2,
+        &format!("journal ceiling: {n} actions × 3 statements, {c} connections"),
+    );
+    let jdb = format!("oncely_bench_{run_id}_journal");
+    sys::registry(|r| r.databases.push(jdb.clone()));
+    let journal = journal::run(
+        &database_url(&args.database_url, &jdb),
+        &envelopes,
+        usize::from(c),
+    )
+    .await;
+    if let Err(e) = drop_database(&args.database_url, &jdb).await {
+        eprintln!("warning: could not drop database {jdb}: {e}");
+    }
+    sys::registry(|r| r.databases.retain(|d| d != &jdb));
+    let journal = journal?;
+    eprintln!("      {:.0} actions/s", journal.actions_per_s);
+
+    let env = FleetEnv {
+        server_url: args.database_url.clone(),
+        amqp_url: args.amqp_url.clone(),
+        concurrency: c,
+        workload,
+        intents: n,
+        secret: secret_text,
+        worker_bin,
+        run_id: run_id.clone(),
+    };
+    let mut seq = 0usize;
+    let mut fleet_run = |spec: FleetSpec| {
+        seq += 1;
+        let env = env.clone();
+        let this = seq;
+        async move { fleet::run(&env, spec, this).await }
+    };
+    let show = |r: &FleetResult| {
+        eprintln!(
+            "      {:.0} actions/s, p50 {:.1} ms, p99 {:.1} ms",
+            r.actions_per_s, r.p50_ms, r.p99_ms
+        )
+    };
+
+    step(
+        3,
+        &format!(
+            "oncely end to end, full load: {n} intents, {} workers",
+            s.fleet
+        ),
+    );
+    let full = fleet_run(FleetSpec {
+        workers: s.fleet,
+        latency_ms: 0,
+        pace: None,
+    })
+    .await?;
+    show(&full);
+
+    let half_rate = full.actions_per_s / 2.0;
+    step(
+        4,
+        &format!("oncely end to end, half load: {n} intents paced at {half_rate:.0}/s"),
+    );
+    let half = fleet_run(FleetSpec {
+        workers: s.fleet,
+        latency_ms: 0,
+        pace: Some(half_rate),
+    })
+    .await?;
+    show(&half);
+
+    let mut measured: Vec<FleetResult> = vec![full.clone()];
+    for (i, (w, l)) in extra.iter().enumerate() {
+        step(
+            5 + i,
+            &format!("scaling: {w} workers, sandbox latency {l} ms"),
+        );
+        let r = fleet_run(FleetSpec {
+            workers: *w,
+            latency_ms: *l,
+            pace: None,
+        })
+        .await?;
+        show(&r);
+        measured.push(r);
+    }
+    let pick = |w: usize, l: u64| {
+        measured
+            .iter()
+            .find(|r| r.workers == w && r.sandbox_latency_ms == l)
+            .cloned()
+    };
+    let scaling_workers: Vec<FleetResult> = s.workers.iter().filter_map(|w| pick(*w, 0)).collect();
+    let scaling_latency: Vec<FleetResult> = s
+        .latency_ms
+        .iter()
+        .filter_map(|l| pick(s.fleet, *l))
+        .collect();
+
+    let report = report::Report::new(
+        started,
+        std::env::args().collect::<Vec<_>>().join(" "),
+        machine,
+        services,
+        report::Workload {
+            intents: n,
+            concurrency: c,
+            message_bytes,
+            confirm_window: broker::CONFIRM_WINDOW,
+            enqueue_chunk: fleet::ENQUEUE_CHUNK,
+            fleet: s.fleet,
+        },
+        broker,
+        journal,
+        full,
+        half,
+        scaling_workers,
+        scaling_latency,
+    );
+    println!("{}", report.table());
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn database_urls_keep_the_server() {
+        assert_eq!(
+            database_url("postgres://postgres@127.0.0.1:5432/postgres", "b1"),
+            "postgres://postgres@127.0.0.1:5432/b1"
+        );
+        assert_eq!(
+            database_url("postgres://u:p@db:6543", "b1"),
+            "postgres://u:p@db:6543/b1"
+        );
+        assert_eq!(
+            database_url("postgres://u@db/x?sslmode=disable", "b1"),
+            "postgres://u@db/b1?sslmode=disable"
+        );
+    }
+
+    #[test]
+    fn quick_sets_defaults_and_flags_win() {
+        let s = BenchArgs::parse_from(["oncely-bench", "--quick"]).settings();
+        assert_eq!(
+            (s.intents, s.workers, s.latency_ms),
+            (1000, vec![1, 2], vec![0])
+        );
+        let s = BenchArgs::parse_from(["oncely-bench", "--quick", "--workers", "3,3,1"]).settings();
+        assert_eq!(s.workers, vec![3, 1]);
+        let s = BenchArgs::parse_from(["oncely-bench"]).settings();
+        assert_eq!(
+            (s.intents, s.workers, s.latency_ms, s.concurrency),
+            (20_000, vec![1, 2, 4], vec![0, 50], 64)
+        );
+        assert!(BenchArgs::try_parse_from(["oncely-bench", "--workers", "0"]).is_err());
+    }
+}

@@ -1,0 +1,487 @@
+//! The reconciler: settles `unknown` operations by asking the provider first, and the
+//! sweeper that heals lost messages, dead workers and forgotten unknowns.
+//!
+//! A timeout is "result unknown", not "failed". For each unknown the reconciler *takes*
+//! the operation (so no other reconciler decides it at the same time), looks it up at
+//! the provider by key / business reference, and decides per the action's policy:
+//!
+//! | lookup says | decision |
+//! | --- | --- |
+//! | succeeded | `succeeded` with the provider's id |
+//! | rejected | `failed_final` |
+//! | pending, or the lookup failed | check again later (doubling delay); past `max_reconcile_checks` → review |
+//! | absent | retry with the same key only if the policy is `reconcile_then_retry_if_absent` **and** (the provider honours keys and we are inside its key retention, measured from the first attempt, with a lease to spare, **or** its absence is authoritative); otherwise → review |
+//! | lookup unsupported | review |
+//!
+//! Policy `reconcile_then_review` (payment orders) never goes back to execution without
+//! a positive lookup or a person; policy `review` skips the lookup.
+//!
+//! The sweeper runs in every reconciler on a timer, in `SKIP LOCKED` batches: expired
+//! leases → `unknown` → reconcile queue; `planned` rows nobody claimed and due
+//! `failed_retryable` rows → published again; unknowns with no check for a while →
+//! checked here. It also sets the backlog gauges.
+
+use crate::context::Context;
+use crate::decide;
+use crate::outcome::{self, OutcomeEvent};
+use crate::provider::{Call, Remote};
+use crate::shutdown::Shutdown;
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use oncely_core::config::OnUnknown;
+use oncely_core::journal::{Completion, Operation, Verdict};
+use oncely_core::metrics as m;
+use oncely_core::publish::Publisher;
+use oncely_core::{IdempotencyKey, Status, topology};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// What one reconcile attempt decided (the metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Someone else has it, it is not due, or it was settled meanwhile.
+    NotTaken,
+    /// Found done at the provider.
+    FoundSucceeded,
+    /// Found rejected at the provider.
+    FoundRejected,
+    /// Proven absent and allowed: one more attempt with the same key.
+    RetryAbsent,
+    /// Pending or lookup failed: check again later.
+    Deferred,
+    /// A person must decide.
+    Review,
+    /// The decision lost a compare-and-set (the operation moved on meanwhile).
+    Raced,
+}
+
+impl Decision {
+    /// Metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Decision::NotTaken => "not_taken",
+            Decision::FoundSucceeded => "found_succeeded",
+            Decision::FoundRejected => "found_rejected",
+            Decision::RetryAbsent => "retry_absent",
+            Decision::Deferred => "deferred",
+            Decision::Review => "review",
+            Decision::Raced => "raced",
+        }
+    }
+}
+
+/// Run a reconciler (with its sweeper) until `shutdown`, reconnecting as needed.
+pub async fn run(ctx: Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
+    let mut failures = 0u32;
+    loop {
+        if shutdown.is_triggered() {
+            return Ok(());
+        }
+        match session(&ctx, shutdown.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                failures += 1;
+                let delay = Duration::from_millis(200 * u64::from(failures.min(25)));
+                if failures == 1 || failures.is_power_of_two() {
+                    tracing::warn!(error = %e, failures, retry_in = ?delay, "reconciler session ended; reconnecting");
+                }
+                metrics::counter!(m::CONNECTIONS, "kind" => "amqp", "result" => "lost")
+                    .increment(1);
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.wait() => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
+    let conn = topology::connect(&ctx.config.broker.url, &ctx.owner).await?;
+    let publisher = Publisher::open(&conn).await?;
+    ctx.topology
+        .declare(publisher.channel(), &ctx.action_types())
+        .await?;
+    metrics::counter!(m::CONNECTIONS, "kind" => "amqp", "result" => "established").increment(1);
+    let rc = &ctx.config.reconciler;
+    let ch = conn.create_channel().await?;
+    ch.basic_qos(
+        u16::try_from(rc.concurrency).unwrap_or(u16::MAX),
+        BasicQosOptions::default(),
+    )
+    .await?;
+    let mut consumer = ch
+        .basic_consume(
+            ctx.topology.reconcile_queue().into(),
+            ctx.owner.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    tracing::info!(owner = %ctx.owner, "reconciler consuming");
+    let sweeper = tokio::spawn(sweep_loop(ctx.clone(), publisher.clone(), shutdown.clone()));
+    let sem = Arc::new(Semaphore::new(rc.concurrency));
+    let lost = loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.wait() => break false,
+            d = consumer.next() => {
+                let Some(Ok(delivery)) = d else { break true };
+                let Ok(permit) = sem.clone().acquire_owned().await else { break false };
+                let (ctx, publisher) = (ctx.clone(), publisher.clone());
+                tokio::spawn(async move {
+                    match serde_json::from_slice::<serde_json::Value>(&delivery.data).ok().and_then(|v| v["idempotency_key"].as_str().map(str::to_owned)).map(|k| IdempotencyKey::parse(&k)) {
+                        Some(Ok(key)) => {
+                            if let Err(e) = reconcile(&ctx, &publisher, &key).await {
+                                // Leave it: the sweeper re-checks unknowns that stay due.
+                                tracing::warn!(key = %key, error = %e, "reconcile failed; the sweeper will retry");
+                            }
+                        }
+                        _ => tracing::warn!(bytes = delivery.data.len(), "unreadable reconcile message dropped"),
+                    }
+                    let _ = delivery.acker.ack(BasicAckOptions::default()).await;
+                    drop(permit);
+                });
+            }
+        }
+    };
+    sweeper.abort();
+    let all = u32::try_from(rc.concurrency).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(rc.check_lease, sem.acquire_many(all)).await;
+    let _ = conn.close(200, "reconciler stopping".into()).await;
+    if lost {
+        Err(anyhow::anyhow!("connection to RabbitMQ lost"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Check one operation, if it is an unknown that is due and ours to take.
+pub async fn reconcile(
+    ctx: &Context,
+    publisher: &Publisher,
+    key: &IdempotencyKey,
+) -> anyhow::Result<Decision> {
+    let rc = &ctx.config.reconciler;
+    let Some(op) = ctx.journal.take_unknown(key, rc.check_lease).await? else {
+        return Ok(Decision::NotTaken);
+    };
+    let decision = decide_one(ctx, publisher, &op).await?;
+    metrics::counter!(m::RECONCILE_DECISIONS, "action_type" => op.action_type.clone(), "decision" => decision.label()).increment(1);
+    tracing::info!(key = %op.key, action_type = %op.action_type, workflow = %op.workflow_id, attempt = op.attempt_count, checks = op.reconcile_checks, decision = decision.label(), "reconciled");
+    Ok(decision)
+}
+
+async fn decide_one(
+    ctx: &Context,
+    publisher: &Publisher,
+    op: &Operation,
+) -> anyhow::Result<Decision> {
+    let Some(action) = oncely_core::ActionType::parse(&op.action_type).ok() else {
+        return review(ctx, publisher, op, "invalid_action_type").await;
+    };
+    let Some((policy, provider)) = ctx.route(&action) else {
+        return review(ctx, publisher, op, "no_policy_for_action_type").await;
+    };
+    if policy.on_unknown == OnUnknown::Review {
+        return review(ctx, publisher, op, "policy_requires_review").await;
+    }
+    let Some(env) = op.envelope() else {
+        return review(ctx, publisher, op, "payload_missing").await;
+    };
+    let remote = provider
+        .lookup(Call {
+            key: &op.key,
+            action_type: &op.action_type,
+            payload: &env.intent.payload,
+        })
+        .await;
+    let settle = |verdict: Verdict, reason: &str| Completion {
+        key: op.key.clone(),
+        expected: Status::Unknown,
+        attempt: op.attempt_count,
+        verdict,
+        reason: reason.into(),
+    };
+    match remote {
+        Remote::Succeeded {
+            provider_operation_id,
+            result,
+        } => {
+            let c = settle(
+                Verdict::Succeeded {
+                    provider_operation_id,
+                    result,
+                },
+                "reconcile_found_succeeded",
+            );
+            commit(ctx, publisher, op, c, Decision::FoundSucceeded).await
+        }
+        Remote::Rejected { code } => {
+            let c = settle(
+                Verdict::FailedFinal { error_code: code },
+                "reconcile_found_rejected",
+            );
+            commit(ctx, publisher, op, c, Decision::FoundRejected).await
+        }
+        Remote::Pending | Remote::Failed { .. } => {
+            let why = if let Remote::Failed { code } = &remote {
+                format!("lookup_failing:{code}")
+            } else {
+                "still_pending".into()
+            };
+            if op.reconcile_checks >= policy.max_reconcile_checks {
+                return review(ctx, publisher, op, &why).await;
+            }
+            let delay =
+                decide::retry_delay(ctx.config.reconciler.recheck_delay, op.reconcile_checks)
+                    .min(ctx.config.reconciler.max_recheck_delay);
+            ctx.journal
+                .defer_unknown(&op.key, op.attempt_count, delay)
+                .await?;
+            Ok(Decision::Deferred)
+        }
+        Remote::Unsupported => review(ctx, publisher, op, "lookup_unsupported").await,
+        Remote::Absent => {
+            let caps = provider.capabilities();
+            let within_retention = caps.honours_key
+                && match (caps.key_retention, op.first_attempt_at) {
+                    (Some(retention), Some(first)) => {
+                        let spare =
+                            chrono::Duration::from_std(retention.saturating_sub(policy.lease))
+                                .unwrap_or_default();
+                        first + spare > op.read_at
+                    }
+                    _ => false,
+                };
+            let allowed = policy.on_unknown == OnUnknown::ReconcileThenRetryIfAbsent
+                && (within_retention || caps.absence_authoritative);
+            if !allowed {
+                let why = if policy.on_unknown == OnUnknown::ReconcileThenReview {
+                    "absent_policy_requires_review"
+                } else {
+                    "absent_outside_key_retention"
+                };
+                return review(ctx, publisher, op, why).await;
+            }
+            let c = settle(
+                Verdict::FailedRetryable {
+                    error_code: "reconcile_absent".into(),
+                    retry_in: Duration::ZERO,
+                },
+                "reconcile_absent_retry",
+            );
+            let d = commit(ctx, publisher, op, c, Decision::RetryAbsent).await?;
+            if d == Decision::RetryAbsent {
+                // Publish the retry now rather than at the next sweep.
+                let published = publisher
+                    .publish(
+                        &ctx.topology.actions_exchange(),
+                        &op.action_type,
+                        &env.to_bytes(),
+                        true,
+                        None,
+                        Some(op.key.as_str()),
+                    )
+                    .await;
+                if let Ok(p) = published {
+                    let _ = p.confirmed().await;
+                }
+            }
+            Ok(d)
+        }
+    }
+}
+
+async fn commit(
+    ctx: &Context,
+    publisher: &Publisher,
+    op: &Operation,
+    c: Completion,
+    decision: Decision,
+) -> anyhow::Result<Decision> {
+    let status = c.verdict.status();
+    let (pid, err) = match &c.verdict {
+        Verdict::Succeeded {
+            provider_operation_id,
+            ..
+        } => (Some(provider_operation_id.clone()), None),
+        Verdict::FailedFinal { error_code }
+        | Verdict::FailedRetryable { error_code, .. }
+        | Verdict::Unknown { error_code, .. } => (None, Some(error_code.clone())),
+    };
+    if !ctx.journal.complete(&c, &ctx.owner).await? {
+        return Ok(Decision::Raced);
+    }
+    metrics::counter!(m::TRANSITIONS, "action_type" => op.action_type.clone(), "status" => status.as_str()).increment(1);
+    if status.is_terminal() {
+        let secs = (op.read_at - op.created_at).num_milliseconds() as f64 / 1000.0;
+        metrics::histogram!(m::TIME_TO_TERMINAL_SECONDS, "action_type" => op.action_type.clone(), "status" => status.as_str()).record(secs.max(0.0));
+        publish_outcome(
+            ctx,
+            publisher,
+            op,
+            status.as_str(),
+            pid.as_deref(),
+            err.as_deref(),
+        )
+        .await;
+    }
+    Ok(decision)
+}
+
+async fn review(
+    ctx: &Context,
+    publisher: &Publisher,
+    op: &Operation,
+    reason: &str,
+) -> anyhow::Result<Decision> {
+    if ctx
+        .journal
+        .open_review(&op.key, op.attempt_count, reason, &ctx.owner)
+        .await?
+    {
+        metrics::counter!(m::REVIEWS_OPENED, "action_type" => op.action_type.clone()).increment(1);
+        tracing::warn!(key = %op.key, action_type = %op.action_type, workflow = %op.workflow_id, reason, "review opened: a person must decide");
+        publish_outcome(ctx, publisher, op, "review_opened", None, Some(reason)).await;
+    }
+    Ok(Decision::Review)
+}
+
+async fn publish_outcome(
+    ctx: &Context,
+    publisher: &Publisher,
+    op: &Operation,
+    status: &str,
+    pid: Option<&str>,
+    err: Option<&str>,
+) {
+    let ev = OutcomeEvent {
+        schema: outcome::OUTCOME_SCHEMA,
+        idempotency_key: op.key.as_str(),
+        action_type: &op.action_type,
+        status,
+        attempt: op.attempt_count,
+        workflow_id: &op.workflow_id,
+        provider_operation_id: pid,
+        error_code: err,
+    };
+    if let Some(p) = outcome::publish(publisher, &ctx.topology, &ev).await {
+        outcome::flush(vec![p]).await;
+    }
+}
+
+/// The sweeper's loop: one pass every `sweep_interval`, at once again while batches are full.
+async fn sweep_loop(ctx: Context, publisher: Publisher, mut shutdown: Shutdown) {
+    let interval = ctx.config.reconciler.sweep_interval;
+    loop {
+        let full = match sweep_once(&ctx, &publisher).await {
+            Ok(full) => full,
+            Err(e) => {
+                tracing::warn!(error = %e, "sweep failed; trying again next interval");
+                false
+            }
+        };
+        if !full {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.wait() => return,
+            }
+        } else if shutdown.is_triggered() {
+            return;
+        }
+    }
+}
+
+/// One sweep. Returns whether any batch was full (more work is waiting).
+pub async fn sweep_once(ctx: &Context, publisher: &Publisher) -> anyhow::Result<bool> {
+    let rc = &ctx.config.reconciler;
+    let mut full = false;
+
+    let expired = ctx
+        .journal
+        .expire_leases(rc.batch, &format!("sweeper:{}", ctx.owner))
+        .await?;
+    full |= expired.len() as i64 == rc.batch;
+    for e in &expired {
+        metrics::counter!(m::SWEEPER_ACTIONS, "action" => "lease_expired").increment(1);
+        metrics::counter!(m::TRANSITIONS, "action_type" => e.action_type.clone(), "status" => "unknown").increment(1);
+        tracing::warn!(key = %e.key, action_type = %e.action_type, attempt = e.attempt, "lease expired while executing: now unknown, reconciling");
+        let body = serde_json::json!({"idempotency_key": e.key.as_str(), "attempt": e.attempt})
+            .to_string();
+        if let Err(err) = publisher
+            .publish_confirmed(
+                "",
+                &ctx.topology.reconcile_queue(),
+                body.as_bytes(),
+                true,
+                None,
+            )
+            .await
+        {
+            tracing::warn!(key = %e.key, error = %err, "could not queue for reconcile; the sweeper re-checks stale unknowns");
+        }
+    }
+
+    let republish = ctx
+        .journal
+        .take_for_republish(rc.republish_after, rc.batch)
+        .await?;
+    full |= republish.len() as i64 == rc.batch;
+    let mut pending = Vec::with_capacity(republish.len());
+    for op in &republish {
+        let Some(env) = op.envelope() else { continue };
+        let label = if op.status == Status::Planned {
+            "republished_planned"
+        } else {
+            "republished_retry"
+        };
+        metrics::counter!(m::SWEEPER_ACTIONS, "action" => label).increment(1);
+        tracing::info!(key = %op.key, status = %op.status, "republishing");
+        match publisher
+            .publish(
+                &ctx.topology.actions_exchange(),
+                &op.action_type,
+                &env.to_bytes(),
+                true,
+                None,
+                Some(op.key.as_str()),
+            )
+            .await
+        {
+            Ok(p) => pending.push((op.key.clone(), p)),
+            Err(e) => tracing::warn!(key = %op.key, error = %e, "republish failed; next sweep"),
+        }
+    }
+    for (key, p) in pending {
+        let result = p.confirmed().await;
+        metrics::counter!(m::PUBLISHES, "kind" => "republish", "result" => if result.is_ok() { "confirmed" } else { "failed" }).increment(1);
+        if let Err(e) = result {
+            tracing::warn!(key = %key, error = %e, "republish not confirmed; next sweep");
+        }
+    }
+
+    let stale = ctx
+        .journal
+        .due_unknowns(rc.stale_unknown_after, rc.batch)
+        .await?;
+    full |= stale.len() as i64 == rc.batch;
+    for key in &stale {
+        metrics::counter!(m::SWEEPER_ACTIONS, "action" => "unknown_rechecked").increment(1);
+        if let Err(e) = reconcile(ctx, publisher, key).await {
+            tracing::warn!(key = %key, error = %e, "re-check failed");
+        }
+    }
+
+    // Every status gets a value (0 too), or an emptied status would keep its last one.
+    let counts: std::collections::HashMap<String, i64> =
+        ctx.journal.status_counts().await?.into_iter().collect();
+    for s in Status::ALL {
+        metrics::gauge!(m::OPERATIONS, "status" => s.as_str())
+            .set(counts.get(s.as_str()).copied().unwrap_or(0) as f64);
+    }
+    metrics::gauge!(m::REVIEWS_OPEN).set(ctx.journal.open_review_count().await? as f64);
+    Ok(full)
+}
