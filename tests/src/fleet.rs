@@ -2,7 +2,7 @@
 //! broker prefix, a config file, and real `oncely-worker` processes spawned from the
 //! workspace's binaries (built on first use if `cargo test` did not build them).
 
-use crate::{TestDb, amqp_url, unique_name};
+use crate::{TestDb, unique_name};
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
@@ -102,6 +102,8 @@ pub struct FleetOptions {
     pub key_retention: String,
     /// Extra TOML appended at the end (e.g. a `[reconciler]` section).
     pub extra: String,
+    /// The broker (default: the machine's, [`amqp_url`]); a private node for restart tests.
+    pub amqp_url: Option<String>,
 }
 
 impl Default for FleetOptions {
@@ -112,6 +114,7 @@ impl Default for FleetOptions {
             action_extra: String::new(),
             key_retention: "24h".into(),
             extra: String::new(),
+            amqp_url: None,
         }
     }
 }
@@ -166,7 +169,9 @@ impl Fleet {
             extra,
             action_extra,
             key_retention,
+            amqp_url,
         } = o;
+        let amqp_url = amqp_url.unwrap_or_else(crate::amqp_url);
         let db = TestDb::new().await;
         let sandbox =
             oncely_sandbox::spawn("127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")))
@@ -179,7 +184,7 @@ impl Fleet {
         let mut toml = format!(
             "database_url = \"{db}\"\n[broker]\nurl = \"{amqp}\"\nprefix = \"{prefix}\"\n[worker]\nprefetch = 64\nmax_in_flight = 32\nbatch = 32\ndb_connections = 4\n",
             db = db.url,
-            amqp = amqp_url()
+            amqp = amqp_url
         );
         for (action, provider, path, on_unknown) in [
             (
@@ -212,7 +217,7 @@ impl Fleet {
         std::fs::write(&config_path, &toml).unwrap_or_else(|e| panic!("{e}"));
         let config = Config::from_toml(&toml, "test", std::iter::empty())
             .unwrap_or_else(|e| panic!("test config: {e}"));
-        let conn = oncely_core::topology::connect(&amqp_url(), "oncely-test")
+        let conn = oncely_core::topology::connect(&amqp_url, "oncely-test")
             .await
             .unwrap_or_else(|e| panic!("RabbitMQ: {e}"));
         let channel = conn
@@ -252,6 +257,11 @@ impl Fleet {
 
     /// Spawn `oncely-worker <args…>` with this fleet's config; stderr goes to a log file.
     pub fn spawn(&self, args: &[&str]) -> Proc {
+        self.spawn_with_env(args, &[])
+    }
+
+    /// [`Fleet::spawn`] with extra environment (e.g. `ONCELY_FAILPOINTS`).
+    pub fn spawn_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let n = self
             .spawned
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -270,6 +280,7 @@ impl Fleet {
                 "RUST_LOG",
                 std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file)
@@ -407,7 +418,7 @@ impl Drop for Fleet {
         let topology = self.topology();
         let actions: Vec<String> = self.config.actions.keys().cloned().collect();
         let channel = self.channel.clone();
-        let url = amqp_url();
+        let url = self.config.broker.url.clone();
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

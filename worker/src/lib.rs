@@ -12,6 +12,7 @@
 //! - [`shutdown`]: the shutdown signal passed into every loop.
 //! - [`demo`]: `oncely-worker demo`.
 //! - [`bench`]: the `oncely-bench` benchmark.
+//! - [`failpoint`]: crash points for the chaos run (test builds).
 //! - [`cli`]: the `oncely-worker` command.
 
 pub mod admin;
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod context;
 pub mod decide;
 pub mod demo;
+pub mod failpoint;
 pub mod outcome;
 pub mod provider;
 pub mod reconciler;

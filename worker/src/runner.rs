@@ -259,7 +259,10 @@ async fn handle_batch(
         .record(started.elapsed().as_secs_f64());
     drop(requests);
     let outcomes = match outcomes {
-        Ok(o) => o,
+        Ok(o) => {
+            crate::failpoint::hit("after_claim");
+            o
+        }
         Err(e) => {
             tracing::error!(error = %e, n = valid.len(), "claim failed; deliveries go back to the queue");
             for (inc, _) in valid {
@@ -347,6 +350,7 @@ async fn call(ctx: &Context, delivery: Delivery, env: Envelope, claim: Claim) ->
             payload: &env.intent.payload,
         })
         .await;
+    crate::failpoint::hit("after_provider");
     let label = decide::outcome_label(&outcome);
     metrics::histogram!(m::PROVIDER_CALL_SECONDS, "provider" => provider.name().to_owned(), "outcome" => label).record(started.elapsed().as_secs_f64());
     tracing::debug!(key = %env.key, action_type = %env.intent.identity.action_type, workflow = %env.intent.identity.workflow_id, attempt = claim.attempt, outcome = label, "provider answered");
@@ -388,8 +392,8 @@ async fn commit_loop(ctx: Context, publisher: Publisher, mut rx: mpsc::Receiver<
             })
             .collect();
         let started = Instant::now();
-        let applied = match retry::journal("complete", give_up, || {
-            ctx.journal.complete_many(&completions, &ctx.owner)
+        let aged = match retry::journal("complete", give_up, || {
+            ctx.journal.complete_many_aged(&completions, &ctx.owner)
         })
         .await
         {
@@ -403,6 +407,17 @@ async fn commit_loop(ctx: Context, publisher: Publisher, mut rx: mpsc::Receiver<
         };
         metrics::histogram!(m::JOURNAL_STATEMENT_SECONDS, "statement" => "complete")
             .record(started.elapsed().as_secs_f64());
+        crate::failpoint::hit("after_commit");
+        let applied: Vec<bool> = aged.iter().map(Option::is_some).collect();
+        for (f, age) in batch.iter().zip(&aged) {
+            let status = f.verdict.status();
+            if let Some(age) = age
+                && status.is_terminal()
+            {
+                metrics::histogram!(m::TIME_TO_TERMINAL_SECONDS, "action_type" => f.env.intent.identity.action_type.as_str().to_owned(), "status" => status.as_str())
+                    .record(*age);
+            }
+        }
 
         // A definitive answer that lost the race against the sweeper (executing → unknown)
         // is a late answer for the same attempt: accept it from unknown.

@@ -11,7 +11,7 @@ use crate::keys::IdempotencyKey;
 use crate::status::{Status, transition};
 use serde_json::Value;
 use sqlx::Row;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// What happened, as the journal records it.
@@ -90,6 +90,21 @@ impl Journal {
         cs: &[Completion],
         actor: &str,
     ) -> Result<Vec<bool>, JournalError> {
+        Ok(self
+            .complete_many_aged(cs, actor)
+            .await?
+            .into_iter()
+            .map(|a| a.is_some())
+            .collect())
+    }
+
+    /// [`Journal::complete_many`], returning for each applied completion the operation's
+    /// age in seconds (creation to now, database clock) — the end-to-end latency.
+    pub async fn complete_many_aged(
+        &self,
+        cs: &[Completion],
+        actor: &str,
+    ) -> Result<Vec<Option<f64>>, JournalError> {
         if cs.is_empty() {
             return Ok(Vec::new());
         }
@@ -163,7 +178,7 @@ impl Journal {
              FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[], \
                          $8::float8[], $10::text[]) AS c(k, expected, attempt, to_status, pid, result, err, delay, reason) \
              WHERE o.idempotency_key = c.k AND o.status = c.expected AND o.attempt_count = c.attempt \
-             RETURNING o.idempotency_key",
+             RETURNING o.idempotency_key, extract(epoch FROM now() - o.created_at)::float8",
         )
         .bind(&keys)
         .bind(&expected)
@@ -177,10 +192,15 @@ impl Journal {
         .bind(&reasons)
         .fetch_all(&self.pool)
         .await?;
-        let applied: HashSet<String> = rows
+        let applied: HashMap<String, f64> = rows
             .iter()
-            .filter_map(|r| r.try_get::<String, _>(0).ok())
+            .filter_map(|r| {
+                Some((
+                    r.try_get::<String, _>(0).ok()?,
+                    r.try_get::<f64, _>(1).unwrap_or(0.0),
+                ))
+            })
             .collect();
-        Ok(keys.iter().map(|k| applied.contains(k)).collect())
+        Ok(keys.iter().map(|k| applied.get(k).copied()).collect())
     }
 }
