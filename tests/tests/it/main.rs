@@ -1,6 +1,8 @@
 //! One integration-test binary (one link, shared helpers): real Postgres, real RabbitMQ,
 //! real processes. Each test makes its own database and queue prefix.
 
+mod admin;
 mod journal;
+mod logs;
 mod pipeline;
 mod reconcile;
