@@ -2,6 +2,7 @@
 //! real processes. Each test makes its own database and queue prefix.
 
 mod admin;
+mod cli;
 mod journal;
 mod logs;
 mod pipeline;
