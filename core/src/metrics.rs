@@ -64,3 +64,58 @@ pub fn install(addr: Option<SocketAddr>) -> Result<(), String> {
     b.install()
         .map_err(|e| format!("cannot serve metrics on {addr:?}: {e}"))
 }
+
+/// Known label values, so counters exist (at 0) from the start: a rate over a series that
+/// appears only at its first increment misses that increment, and a dashboard panel or
+/// alert over a missing series shows "no data" instead of 0.
+pub fn init_series(action_types: &[&str]) {
+    use metrics::counter;
+    for kind in ["intent", "outcome", "reconcile", "dead_letter", "republish"] {
+        for result in ["confirmed", "failed"] {
+            counter!(PUBLISHES, "kind" => kind, "result" => result).increment(0);
+        }
+    }
+    for result in ["established", "lost"] {
+        counter!(CONNECTIONS, "kind" => "amqp", "result" => result).increment(0);
+    }
+    for action in [
+        "lease_expired",
+        "republished_planned",
+        "republished_retry",
+        "unknown_rechecked",
+    ] {
+        counter!(SWEEPER_ACTIONS, "action" => action).increment(0);
+    }
+    for &a in action_types {
+        let a = a.to_owned();
+        for verdict in [
+            "claimed",
+            "duplicate",
+            "in_flight",
+            "lease_expired",
+            "unknown",
+            "not_due",
+            "conflict",
+            "invalid",
+            "requeued",
+        ] {
+            counter!(DELIVERIES, "action_type" => a.clone(), "verdict" => verdict).increment(0);
+        }
+        for status in ["succeeded", "failed_final", "failed_retryable", "unknown"] {
+            counter!(TRANSITIONS, "action_type" => a.clone(), "status" => status).increment(0);
+        }
+        for decision in [
+            "found_succeeded",
+            "found_rejected",
+            "retry_absent",
+            "deferred",
+            "review",
+            "raced",
+            "not_taken",
+        ] {
+            counter!(RECONCILE_DECISIONS, "action_type" => a.clone(), "decision" => decision)
+                .increment(0);
+        }
+        counter!(REVIEWS_OPENED, "action_type" => a).increment(0);
+    }
+}

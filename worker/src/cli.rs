@@ -125,12 +125,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             oncely_core::metrics::install(cli.metrics_addr).map_err(anyhow::Error::msg)?;
             let config = load_config(cli.config.as_deref(), &actions)?;
             let ctx = context(config, "worker").await?;
+            oncely_core::metrics::init_series(&ctx.action_types());
             crate::runner::run(ctx, Shutdown::on_signals()).await
         }
         Command::Reconcile => {
             oncely_core::metrics::install(cli.metrics_addr).map_err(anyhow::Error::msg)?;
             let config = load_config(cli.config.as_deref(), &[])?;
             let ctx = context(config, "reconciler").await?;
+            oncely_core::metrics::init_series(&ctx.action_types());
             crate::reconciler::run(ctx, Shutdown::on_signals()).await
         }
         Command::Admin(cmd) => {

@@ -3,6 +3,7 @@
 
 mod admin;
 mod cli;
+mod dashboards;
 mod journal;
 mod logs;
 mod pipeline;
