@@ -126,6 +126,7 @@ where
 }
 
 pub mod fleet;
+pub mod private_broker;
 
 /// A TCP port free right now on 127.0.0.1 (for a process that binds it next).
 pub fn free_port() -> u16 {

@@ -61,9 +61,14 @@ pub async fn run(ctx: Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
         if shutdown.is_triggered() {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         match session(&ctx, shutdown.clone()).await {
             Ok(()) => return Ok(()),
             Err(e) => {
+                // A session that lived a while was healthy: start the backoff afresh.
+                if started.elapsed() > Duration::from_secs(30) {
+                    failures = 0;
+                }
                 failures += 1;
                 let delay = Duration::from_millis(200 * u64::from(failures.min(25)));
                 if failures == 1 || failures.is_power_of_two() {

@@ -8,3 +8,4 @@ mod journal;
 mod logs;
 mod pipeline;
 mod reconcile;
+mod resilience;

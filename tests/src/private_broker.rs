@@ -1,0 +1,258 @@
+//! A private RabbitMQ node for one test, for faults that must never touch the machine's
+//! shared broker (closing every connection, restarting the node).
+//!
+//! Each node gets a unique name (`oncely_t_<pid>_<n>_<nanos>@localhost`), free ports for
+//! AMQP and Erlang distribution, and its own directory (data, logs, pid file, feature
+//! flags, no plugins, a config file that listens only on its own port — the machine's
+//! `/etc/rabbitmq/rabbitmq.conf` would otherwise make it listen on 5672 as well). The
+//! directory is owned by `rabbitmq`: the server drops to that user.
+//!
+//! The Erlang cookie: `/usr/sbin/rabbitmq-server` and `/usr/sbin/rabbitmqctl` are wrappers
+//! that, run as root, `su rabbitmq` (keeping the `RABBITMQ_*` environment, setting `HOME`
+//! to `/var/lib/rabbitmq`), so the server and the CLI both read
+//! `/var/lib/rabbitmq/.erlang.cookie` and agree without any cookie handling here.
+//!
+//! `rabbitmqctl` is itself an Erlang node that listens on a port from a range shared by
+//! every CLI call on the machine (35672–35682 by default, so at most 11 at once); the
+//! calls here get a free port of their own (`RABBITMQ_CTL_DIST_PORT_MIN/MAX`) instead.
+//!
+//! Restarts are graceful (`rabbitmqctl stop` and a new `rabbitmq-server` on the same
+//! directories): a quorum queue declared about a second before a SIGKILL of the node can
+//! come back unusable (see DESIGN.md), and a test should declare its queues well before a
+//! restart anyway. Dropping the broker stops the node and removes its directory.
+
+use crate::{eventually, unique_name};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command as StdCommand;
+use std::time::Duration;
+use tokio::process::Command;
+
+/// How long a node may take to boot (it usually takes 5–10 s; the machine may be busy).
+const BOOT_DEADLINE: Duration = Duration::from_secs(120);
+/// How long a node may take to stop.
+const STOP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A running private RabbitMQ node, stopped (and its directory removed) when dropped.
+#[derive(Debug)]
+pub struct PrivateBroker {
+    node: String,
+    port: u16,
+    dist_port: u16,
+    dir: PathBuf,
+}
+
+/// Two distinct free TCP ports on 127.0.0.1 (both listeners are held while choosing).
+fn free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("free port: {e}"));
+    let b = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("free port: {e}"));
+    let port = |l: &TcpListener| {
+        l.local_addr()
+            .unwrap_or_else(|e| panic!("free port: {e}"))
+            .port()
+    };
+    (port(&a), port(&b))
+}
+
+impl PrivateBroker {
+    /// Start a new node and wait until it accepts AMQP connections.
+    pub async fn start() -> PrivateBroker {
+        let name = unique_name("oncely_t");
+        let node = format!("{name}@localhost");
+        let dir = std::env::temp_dir().join(format!("{name}_rabbitmq"));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let (port, dist_port) = free_ports();
+        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(
+            dir.join("rabbitmq.conf"),
+            format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let status = StdCommand::new("chown")
+            .args(["-R", "rabbitmq:rabbitmq"])
+            .arg(&dir)
+            .status()
+            .unwrap_or_else(|e| panic!("chown: {e}"));
+        assert!(status.success(), "chown -R rabbitmq {}", dir.display());
+        let broker = PrivateBroker {
+            node,
+            port,
+            dist_port,
+            dir,
+        };
+        broker.boot().await;
+        broker
+    }
+
+    /// The node's name (`rabbitmqctl -n <node>`).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Its AMQP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its AMQP URL.
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// Its directory (data, logs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Close every client connection (`rabbitmqctl close_all_connections`).
+    pub async fn close_all_connections(&self) {
+        let out = self
+            .ctl(&["close_all_connections", "oncely test: connection fault"])
+            .await;
+        assert!(
+            out.status.success(),
+            "close_all_connections on {}: {}",
+            self.node,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Stop the node gracefully and start it again on the same data, waiting until it
+    /// accepts connections again.
+    pub async fn restart(&self) {
+        self.stop().await;
+        self.boot().await;
+    }
+
+    /// Stop the node gracefully (`rabbitmqctl stop <pid file>`, which waits for the
+    /// process to end) and wait until its port refuses connections.
+    pub async fn stop(&self) {
+        let pid_file = self.pid_file();
+        let out = self.ctl(&["stop", &pid_file.to_string_lossy()]).await;
+        assert!(
+            out.status.success(),
+            "stopping {}: {}",
+            self.node,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = self.port;
+        eventually(
+            &format!("{} to stop listening", self.node),
+            STOP_DEADLINE,
+            || async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_err()
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// Start the node (`rabbitmq-server -detached` with this node's environment) and
+    /// wait until it has booted and accepts AMQP connections.
+    pub async fn boot(&self) {
+        let status = self
+            .server_env(Command::new("rabbitmq-server"))
+            .arg("-detached")
+            .status()
+            .await
+            .unwrap_or_else(|e| panic!("rabbitmq-server: {e}"));
+        assert!(status.success(), "rabbitmq-server -detached: {status}");
+        let port = self.port;
+        let log = self.dir.join("log").join(format!("{}.log", self.node));
+        eventually(
+            &format!(
+                "{} to accept AMQP connections on {port} (log: {})",
+                self.node,
+                log.display()
+            ),
+            BOOT_DEADLINE,
+            || async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .ok()
+                    .map(drop)
+            },
+        )
+        .await;
+        let out = self.ctl(&["await_startup", "--timeout", "120"]).await;
+        assert!(
+            out.status.success(),
+            "await_startup on {}: {}",
+            self.node,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        self.dir.join("pid")
+    }
+
+    fn server_env(&self, mut cmd: Command) -> Command {
+        let d = &self.dir;
+        cmd.env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", d.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", d.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
+            .env("RABBITMQ_PID_FILE", self.pid_file())
+            .env("RABBITMQ_FEATURE_FLAGS_FILE", d.join("feature_flags"))
+            .env("RABBITMQ_CONFIG_FILE", d.join("rabbitmq.conf"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        cmd
+    }
+
+    async fn ctl(&self, args: &[&str]) -> std::process::Output {
+        let cli_port = free_ports().0.to_string();
+        Command::new("rabbitmqctl")
+            .env("RABBITMQ_CTL_DIST_PORT_MIN", &cli_port)
+            .env("RABBITMQ_CTL_DIST_PORT_MAX", &cli_port)
+            .arg("-q")
+            .arg("-n")
+            .arg(&self.node)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("rabbitmqctl: {e}"))
+    }
+}
+
+impl Drop for PrivateBroker {
+    fn drop(&mut self) {
+        let pid_file = self.pid_file();
+        let cli_port = free_ports().0.to_string();
+        let _ = StdCommand::new("rabbitmqctl")
+            .env("RABBITMQ_CTL_DIST_PORT_MIN", &cli_port)
+            .env("RABBITMQ_CTL_DIST_PORT_MAX", &cli_port)
+            .args(["-q", "-n", &self.node, "stop"])
+            .arg(&pid_file)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        // If the node did not answer (hung, or half-booted), end its VM by its own pid
+        // (checked to still be this node's VM).
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            && std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0)
+                    .any(|var| var == format!("RABBITMQ_NODENAME={}", self.node).as_bytes())
+            })
+        {
+            let _ = StdCommand::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+        if std::thread::panicking() {
+            eprintln!("private RabbitMQ logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
