@@ -29,7 +29,7 @@ pub const REVIEWS_OPENED: &str = "oncely_reviews_opened_total";
 pub const REVIEWS_OPEN: &str = "oncely_reviews_open";
 /// Sweeper actions, by `action`.
 pub const SWEEPER_ACTIONS: &str = "oncely_sweeper_actions_total";
-/// Publishes, by `kind` (intent, outcome, reconcile, dead_letter) and `result` (confirmed, failed).
+/// Publishes, by `kind` (intent, outcome, reconcile, dead_letter, republish) and `result` (confirmed, failed).
 pub const PUBLISHES: &str = "oncely_publishes_total";
 /// Time from an operation's creation to a terminal state (seconds), by `action_type` and `status`.
 pub const TIME_TO_TERMINAL_SECONDS: &str = "oncely_time_to_terminal_seconds";
