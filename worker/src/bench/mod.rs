@@ -58,7 +58,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "C", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
     /// Message size in bytes for all measurements (payloads are padded to reach it)
-    /// [default: a real envelope's size, about 400].
+    /// [default: a real envelope's size, about 500].
     #[arg(long, value_name = "BYTES")]
     pub message_bytes: Option<usize>,
     /// Worker processes of the scaling rows (sandbox latency 0) [default: 1,2,4; with --quick: 1,2].

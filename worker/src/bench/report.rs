@@ -295,6 +295,18 @@ impl Report {
             verdict(2),
         ]);
         t.row(&[
+            "  half load: recorded → claimed, claimed → succeeded (p50 / p99)".into(),
+            format!(
+                "{} / {} ms, {} / {} ms",
+                ms(self.half_load.to_claim_ms[0]),
+                ms(self.half_load.to_claim_ms[1]),
+                ms(self.half_load.claim_to_done_ms[0]),
+                ms(self.half_load.claim_to_done_ms[1])
+            ),
+            String::new(),
+            String::new(),
+        ]);
+        t.row(&[
             format!(
                 "worker peak RSS (VmHWM, largest of {})",
                 self.full_load.peak_rss_mib.len()
@@ -317,7 +329,7 @@ impl Report {
 
         let _ = writeln!(
             o,
-            "scaling (full load, C = {} per worker; latency = p50 / p99 ms)",
+            "scaling (full load, C = {} per worker; latencies in ms: recorded → succeeded, recorded → claimed, claimed → succeeded)",
             w.concurrency
         );
         let mut t = Table::new(&[
@@ -325,6 +337,8 @@ impl Report {
             "sandbox latency",
             "actions/s",
             "p50 / p99 ms",
+            "to claim p50 / p99",
+            "claim → done p50 / p99",
             "peak RSS",
             "enqueue s",
         ]);
@@ -343,6 +357,12 @@ impl Report {
                 format!("{} ms", r.sandbox_latency_ms),
                 thousands(r.actions_per_s),
                 format!("{} / {}", ms(r.p50_ms), ms(r.p99_ms)),
+                format!("{} / {}", ms(r.to_claim_ms[0]), ms(r.to_claim_ms[1])),
+                format!(
+                    "{} / {}",
+                    ms(r.claim_to_done_ms[0]),
+                    ms(r.claim_to_done_ms[1])
+                ),
                 format!("{:.1} MiB", r.max_rss_mib()),
                 format!("{:.2}", r.enqueue_seconds),
             ]);
