@@ -125,6 +125,7 @@ where
     }
 }
 
+pub mod chaos;
 pub mod fleet;
 pub mod private_broker;
 

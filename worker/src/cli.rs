@@ -78,14 +78,24 @@ pub fn load_config(path: Option<&std::path::Path>, only: &[String]) -> anyhow::R
 
 /// Connect (creating and migrating the database) and build a process context.
 pub async fn context(config: Config, role: &str) -> anyhow::Result<Context> {
-    let pool = db::prepare(
-        &config.database_url,
-        &PoolSettings {
-            max_connections: config.worker.db_connections,
-            ..PoolSettings::default()
-        },
-    )
-    .await?;
+    let settings = PoolSettings {
+        max_connections: config.worker.db_connections,
+        ..PoolSettings::default()
+    };
+    // The database may be starting, or a connection may be cut mid-migration: retry for a
+    // while (a bad URL fails at once) rather than exit on the first hiccup.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let pool = loop {
+        match db::prepare(&config.database_url, &settings).await {
+            Ok(pool) => break pool,
+            Err(e @ db::DbError::BadUrl(_)) => return Err(e.into()),
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, "database not ready; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let secret = match KeySecret::from_env() {
         Ok(s) => Some(s),
         Err(oncely_core::keys::KeyError::MissingSecret) => {

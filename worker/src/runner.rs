@@ -290,7 +290,7 @@ async fn handle_batch(
                 let permit = permits.split(1);
                 let (ctx, tx) = (ctx.clone(), commit_tx.clone());
                 tokio::spawn(async move {
-                    let finished = call(&ctx, inc.delivery, env, claim).await;
+                    let finished = call(&ctx, inc.delivery, env, claim, started).await;
                     drop(permit);
                     let _ = tx.send(finished).await;
                 });
@@ -343,10 +343,41 @@ async fn handle_batch(
 }
 
 /// Call the provider for a won claim and classify the answer.
-async fn call(ctx: &Context, delivery: Delivery, env: Envelope, claim: Claim) -> Finished {
+async fn call(
+    ctx: &Context,
+    delivery: Delivery,
+    env: Envelope,
+    claim: Claim,
+    claimed_at: Instant,
+) -> Finished {
     let Some((policy, provider)) = ctx.route(&env.intent.identity.action_type) else {
         unreachable!("routes are checked before claiming");
     };
+    // Never start a call that could outlive the lease (a process paused or starved between
+    // claim and call): the sweeper may already have declared the attempt unknown, and a
+    // call sent now would be the "late effect" no lookup could have seen. Not sent, so
+    // retryable; the compare-and-set refuses it if the attempt has moved on.
+    let timeout = ctx
+        .config
+        .providers
+        .get(&policy.provider)
+        .map_or(Duration::from_secs(5), |p| p.timeout);
+    if claimed_at.elapsed() + timeout + Duration::from_secs(1) >= policy.lease {
+        tracing::warn!(key = %env.key, attempt = claim.attempt, "lease too close to its end to call the provider; not sent");
+        let verdict = decide::verdict(
+            crate::provider::Outcome::NotSent {
+                code: "lease_too_short".into(),
+            },
+            claim.attempt,
+            policy,
+        );
+        return Finished {
+            delivery,
+            env,
+            attempt: claim.attempt,
+            verdict,
+        };
+    }
     let started = Instant::now();
     let outcome = provider
         .execute(Call {
