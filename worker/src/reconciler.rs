@@ -73,34 +73,8 @@ impl Decision {
 }
 
 /// Run a reconciler (with its sweeper) until `shutdown`, reconnecting as needed.
-pub async fn run(ctx: Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
-    let mut failures = 0u32;
-    loop {
-        if shutdown.is_triggered() {
-            return Ok(());
-        }
-        let started = std::time::Instant::now();
-        match session(&ctx, shutdown.clone()).await {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                // A session that lived a while was healthy: start the backoff afresh.
-                if started.elapsed() > Duration::from_secs(30) {
-                    failures = 0;
-                }
-                failures += 1;
-                let delay = Duration::from_millis(200 * u64::from(failures.min(25)));
-                if failures == 1 || failures.is_power_of_two() {
-                    tracing::warn!(error = %e, failures, retry_in = ?delay, "reconciler session ended; reconnecting");
-                }
-                metrics::counter!(m::CONNECTIONS, "kind" => "amqp", "result" => "lost")
-                    .increment(1);
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.wait() => return Ok(()),
-                }
-            }
-        }
-    }
+pub async fn run(ctx: Context, shutdown: Shutdown) -> anyhow::Result<()> {
+    crate::shutdown::supervise("reconciler", shutdown, |s| session(&ctx, s)).await
 }
 
 async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
