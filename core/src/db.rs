@@ -131,9 +131,72 @@ pub async fn prepare(url: &str, settings: &PoolSettings) -> Result<PgPool, DbErr
     Ok(pool)
 }
 
+/// The URL of database `name` on the server of `server_url` (its user, host, port and
+/// query kept; its path replaced).
+pub fn database_url(server_url: &str, name: &str) -> String {
+    let (base, query) = match server_url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (server_url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+/// Drop the database named in `url` if it exists, ending its sessions first
+/// (`DROP DATABASE … WITH (FORCE)`): for throwaway databases (tests, demo, bench).
+pub async fn drop_database(url: &str) -> Result<(), DbError> {
+    PgConnectOptions::from_str(url).map_err(|e| DbError::BadUrl(e.to_string()))?;
+    if !Postgres::database_exists(url)
+        .await
+        .map_err(|source| DbError::Connect {
+            target: describe(url),
+            source,
+        })?
+    {
+        return Ok(());
+    }
+    Postgres::force_drop_database(url)
+        .await
+        .map_err(|source| DbError::Connect {
+            target: describe(url),
+            source,
+        })
+}
+
+/// The server's version and its `synchronous_commit` setting (the bench prints both).
+pub async fn server_facts(pool: &PgPool) -> Result<(String, String), sqlx::Error> {
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(pool)
+        .await?;
+    let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(pool)
+        .await?;
+    Ok((version, sync))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn database_url_replaces_only_the_path() {
+        assert_eq!(
+            database_url("postgres://u@h:5/postgres", "x"),
+            "postgres://u@h:5/x"
+        );
+        assert_eq!(
+            database_url("postgres://u@h:5/postgres?sslmode=require", "x"),
+            "postgres://u@h:5/x?sslmode=require"
+        );
+        assert_eq!(database_url("postgres://u@h:5", "x"), "postgres://u@h:5/x");
+    }
 
     #[test]
     fn describe_hides_the_password() {

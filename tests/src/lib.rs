@@ -24,6 +24,20 @@ pub fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
+/// The Python interpreter of the tests: `ONCELY_TEST_PYTHON` (`scripts/test` sets it to the
+/// project-local venv it fills from `tests/python/requirements.txt`), else `.venv/bin/python`
+/// at the workspace root if it exists, else `python3`.
+pub fn python() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("ONCELY_TEST_PYTHON") {
+        return p.into();
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    if venv.exists() {
+        return venv;
+    }
+    "python3".into()
+}
+
 /// A name no other test (in this or another process) uses: `<tag>_<pid>_<n>_<nanos>`.
 pub fn unique_name(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);

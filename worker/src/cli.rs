@@ -1,4 +1,4 @@
-//! The `oncely-worker` command: migrate, run workers, run the demo.
+//! The `oncely-worker` command: migrate, run workers and reconcilers, admin.
 
 use crate::context::Context;
 use crate::shutdown::Shutdown;
@@ -49,9 +49,6 @@ pub enum Command {
     /// Inspect operations, resolve reviews, purge (tables; `--json` for scripts).
     #[command(subcommand)]
     Admin(crate::admin::AdminCommand),
-    /// The whole pipeline on local Postgres and RabbitMQ: sandbox, two workers, a producer
-    /// and a realistic mix of intents; prints what happened (a throwaway database).
-    Demo(crate::demo::DemoArgs),
 }
 
 /// Load the config, restricted to `only` action types when given.
@@ -153,6 +150,5 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Demo(args) => crate::demo::run(args).await,
     }
 }

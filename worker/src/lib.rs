@@ -10,17 +10,14 @@
 //! - [`outcome`]: outcome events for agents.
 //! - [`retry`]: journal calls through database trouble.
 //! - [`shutdown`]: the shutdown signal passed into every loop.
-//! - [`demo`]: `oncely-worker demo`.
-//! - [`bench`]: the `oncely-bench` benchmark.
-//! - [`failpoint`]: crash points for the chaos run (test builds).
+//! - [`failpoint`]: crash points for the chaos run (compiled out unless the chaos run's
+//!   own build turns on the `failpoints` feature).
 //! - [`cli`]: the `oncely-worker` command.
 
 pub mod admin;
-pub mod bench;
 pub mod cli;
 pub mod context;
 pub mod decide;
-pub mod demo;
 pub mod failpoint;
 pub mod outcome;
 pub mod provider;

@@ -5,8 +5,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() {
     let cli = oncely_worker::cli::Cli::parse();
-    let quiet = matches!(cli.command, oncely_worker::cli::Command::Demo(_));
-    oncely_core::telemetry::init_with_default(if quiet { "warn" } else { "info" });
+    oncely_core::telemetry::init_with_default("info");
     if let Err(e) = oncely_worker::cli::run(cli).await {
         eprintln!("error: {e:#}");
         std::process::exit(1);

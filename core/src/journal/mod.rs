@@ -16,13 +16,17 @@
 //! - [`inspect`]: reads — by key, by workflow, events, the article's queries.
 //! - [`sweep`]: what the sweeper and reconciler take: expired leases, republishing, due unknowns.
 //! - [`review`]: human reviews and purging.
+//! - [`stats`]: aggregate reads (counts by status, the database clock, latencies).
+//! - [`article`]: the article's three-statement flow, the bench's yardstick.
 
+pub mod article;
 pub mod claim;
 pub mod complete;
 pub mod inspect;
 pub mod operation;
 pub mod record;
 pub mod review;
+pub mod stats;
 pub mod sweep;
 
 pub use claim::{Claim, ClaimOutcome, ClaimRequest, NotClaimed};
@@ -30,6 +34,7 @@ pub use complete::{Completion, Verdict};
 pub use operation::{Event, JournalError, Operation};
 pub use record::Recorded;
 pub use review::{Resolution, ResolveError, Review};
+pub use stats::Latencies;
 pub use sweep::{Expired, OpsFilter};
 
 use sqlx::PgPool;

@@ -4,7 +4,7 @@
 //! Prometheus actually scraped, and every alert rule must load and evaluate healthily.
 //!
 //! Needs `prometheus` (Debian package) and RabbitMQ's `rabbitmq_prometheus` plugin on
-//! 127.0.0.1:15692 — `.ci/run` installs / enables both.
+//! 127.0.0.1:15692 — `scripts/test` (the README's test command) installs / enables both.
 
 use oncely_core::{Intent, Status};
 use oncely_tests::fleet::{FAST_RECONCILER, Fleet, FleetOptions, secret};
@@ -123,11 +123,11 @@ async fn every_panel_and_alert_refers_to_real_series() {
             .arg("--version")
             .output()
             .is_ok_and(|o| o.status.success()),
-        "`prometheus` is required (apt-get install prometheus; .ci/run does it)"
+        "`prometheus` is required (apt-get install prometheus; scripts/test does it)"
     );
     assert!(
         http_get(15692, "/metrics").await.is_some(),
-        "RabbitMQ's prometheus plugin must listen on :15692 (rabbitmq-plugins enable rabbitmq_prometheus; .ci/run does it)"
+        "RabbitMQ's prometheus plugin must listen on :15692 (rabbitmq-plugins enable rabbitmq_prometheus; scripts/test does it)"
     );
 
     let fleet = Fleet::with(FleetOptions {

@@ -261,14 +261,14 @@ async fn a_python_agent_can_publish_with_pika() {
     let fleet = Fleet::new().await;
     let _w = fleet.worker();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/publish_intent.py");
-    let out = tokio::process::Command::new("python3")
+    let out = tokio::process::Command::new(oncely_tests::python())
         .arg(script)
         .env("ONCELY_KEY_SECRET", oncely_tests::fleet::SECRET)
         .env("ONCELY_AMQP_URL", oncely_tests::amqp_url())
         .env("ONCELY_PREFIX", &fleet.prefix)
         .output()
         .await
-        .expect("python3");
+        .expect("the test venv's python (run scripts/test)");
     assert!(
         out.status.success(),
         "python publisher failed: {}",
@@ -282,14 +282,14 @@ async fn a_python_agent_can_publish_with_pika() {
     wait_all_succeeded(&fleet, 1).await;
     assert_eq!(fleet.sandbox.effects().count(key.as_str()), 1);
     // Publishing the same intent again from Python changes nothing.
-    let again = tokio::process::Command::new("python3")
+    let again = tokio::process::Command::new(oncely_tests::python())
         .arg(script)
         .env("ONCELY_KEY_SECRET", oncely_tests::fleet::SECRET)
         .env("ONCELY_AMQP_URL", oncely_tests::amqp_url())
         .env("ONCELY_PREFIX", &fleet.prefix)
         .output()
         .await
-        .expect("python3");
+        .expect("the test venv's python (run scripts/test)");
     assert!(again.status.success());
     let q = fleet.topology().action_queue("email.send");
     eventually("the repeat settled", DEADLINE, || async {

@@ -43,12 +43,7 @@ impl Services {
             },
         )
         .await?;
-        let version: String = sqlx::query_scalar("SHOW server_version")
-            .fetch_one(&pool)
-            .await?;
-        let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
-            .fetch_one(&pool)
-            .await?;
+        let (version, sync) = db::server_facts(&pool).await?;
         pool.close().await;
         let conn = topology::connect(amqp_url, "oncely-bench-probe")
             .await

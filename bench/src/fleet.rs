@@ -9,11 +9,12 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use oncely_core::config::Config;
 use oncely_core::db::{self, PoolSettings};
+use oncely_core::journal::{Journal, Latencies};
+use oncely_core::status::Status;
 use oncely_core::topology::{self, Topology};
 use oncely_core::{Intent, KeySecret};
 use oncely_producer::{Enqueued, Producer};
 use serde::Serialize;
-use sqlx::PgPool;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -249,9 +250,8 @@ async fn measure(
     let intents = env.workload.intents(n);
 
     let cpu = CpuSampler::start();
-    let t0: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-        .fetch_one(&pool)
-        .await?;
+    let journal = Journal::new(pool.clone());
+    let t0 = journal.clock().await?;
     let mut enqueuing = Some(tokio::spawn(enqueue(producer.clone(), intents, spec.pace)));
     let mut enqueue_seconds = None;
     let mut last = (0i64, Instant::now());
@@ -262,9 +262,7 @@ async fn measure(
         // second beside the system under test. The end time comes from the journal.
         let effects = res.sandbox.as_ref().map_or(0, |s| s.effects().keys.len());
         let done: i64 = if effects >= n {
-            sqlx::query_scalar("SELECT count(*) FROM agent_operations WHERE status = 'succeeded'")
-                .fetch_one(&pool)
-                .await?
+            journal.count_in(Status::Succeeded).await?
         } else {
             0
         };
@@ -284,7 +282,7 @@ async fn measure(
                 "only {effects} of {n} operations reached the provider, no progress for {} s \
                  (journal: {}); see the worker logs",
                 STALL.as_secs(),
-                statuses(&pool).await
+                statuses(&journal).await
             );
         }
         for w in &mut res.workers {
@@ -304,28 +302,13 @@ async fn measure(
     };
     let pids: Vec<u32> = res.workers.iter().map(|w| w.pid).collect();
     let cpu = cpu.finish(&pids);
-    let t_end: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT max(updated_at) FROM agent_operations")
-            .fetch_one(&pool)
-            .await?;
+    let t_end = journal.last_update().await?.unwrap_or(t0);
     let seconds = (t_end - t0).num_microseconds().unwrap_or(0) as f64 / 1e6;
-    let mut lat: Vec<f64> = sqlx::query_scalar(
-        "SELECT (extract(epoch FROM updated_at - created_at) * 1000)::float8 \
-         FROM agent_operations WHERE status = 'succeeded'",
-    )
-    .fetch_all(&pool)
-    .await?;
-    lat.sort_by(f64::total_cmp);
-    let split: Vec<(f64, f64)> = sqlx::query_as(
-        "SELECT (extract(epoch FROM first_attempt_at - created_at) * 1000)::float8, \
-                (extract(epoch FROM updated_at - first_attempt_at) * 1000)::float8 \
-         FROM agent_operations WHERE status = 'succeeded'",
-    )
-    .fetch_all(&pool)
-    .await?;
-    let (mut to_claim, mut to_done): (Vec<f64>, Vec<f64>) = split.into_iter().unzip();
-    to_claim.sort_by(f64::total_cmp);
-    to_done.sort_by(f64::total_cmp);
+    let Latencies {
+        total_ms: lat,
+        to_claim_ms: to_claim,
+        claim_to_done_ms: to_done,
+    } = journal.succeeded_latencies().await?;
     let peak_rss_mib: Vec<f64> = pids
         .iter()
         .map(|p| sys::peak_rss_mib(*p).unwrap_or(f64::NAN))
@@ -499,13 +482,8 @@ async fn stop(mut w: Worker) {
 }
 
 /// `status=count, …` of the journal.
-async fn statuses(pool: &PgPool) -> String {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT status, count(*) FROM agent_operations GROUP BY status ORDER BY status",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap_or_default();
+async fn statuses(journal: &Journal) -> String {
+    let rows = journal.count_by_status().await.unwrap_or_default();
     rows.iter()
         .map(|(s, c)| format!("{s}={c}"))
         .collect::<Vec<_>>()

@@ -1,4 +1,4 @@
-//! `oncely-worker demo`: the whole pipeline in one process, on a local Postgres and
+//! `oncely-demo`: the whole pipeline in one process, on a local Postgres and
 //! RabbitMQ, with the sandbox standing in for mail, ticketing and a bank.
 //!
 //! It creates a throwaway database and broker prefix, starts the sandbox and two
@@ -7,19 +7,25 @@
 //! waits until everything settles, prints what happened and the sandbox's effect count
 //! per key, then removes what it created (unless `--keep`).
 
-use crate::context::Context;
-use crate::shutdown::Shutdown;
 use oncely_core::config::Config;
 use oncely_core::db::{self, PoolSettings};
 use oncely_core::journal::Journal;
 use oncely_core::publish::Publisher;
+use oncely_core::status::Status;
 use oncely_core::{Intent, KeySecret};
 use oncely_producer::{Enqueued, Producer};
+use oncely_worker::context::Context;
+use oncely_worker::shutdown::Shutdown;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
 /// Demo options.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "oncely-demo",
+    version,
+    about = "The whole oncely pipeline on local Postgres and RabbitMQ: the sandbox as providers, two workers, a producer and a realistic mix of intents; prints what happened (a throwaway database and queue prefix)."
+)]
 pub struct DemoArgs {
     /// Distinct intents to enqueue.
     #[arg(long, default_value_t = 200)]
@@ -71,12 +77,7 @@ fn intent(action: &str, n: usize, variant: u64) -> Intent {
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let run_id = format!("{}_{}", std::process::id(), chrono::Utc::now().timestamp());
-    let base = args
-        .database_url
-        .rsplit_once('/')
-        .map(|(b, _)| b.to_owned())
-        .unwrap_or_else(|| args.database_url.clone());
-    let db_url = format!("{base}/oncely_demo_{run_id}");
+    let db_url = db::database_url(&args.database_url, &format!("oncely_demo_{run_id}"));
     println!(
         "oncely demo — database {}, broker prefix oncely-demo-{run_id}",
         db::describe(&db_url)
@@ -102,7 +103,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             Some(secret.clone()),
             "demo-worker",
         )?;
-        workers.push(tokio::spawn(crate::runner::run(ctx, shutdown.clone())));
+        workers.push(tokio::spawn(oncely_worker::runner::run(
+            ctx,
+            shutdown.clone(),
+        )));
     }
 
     // The mix: distinct intents across three action types, 20% repeats, 3 conflicts.
@@ -146,10 +150,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let dead_queue = oncely_core::topology::Topology::new(&config.broker).dead_queue();
     let deadline = Instant::now() + Duration::from_secs(120);
     let (succeeded, dead) = loop {
-        let succeeded: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM agent_operations WHERE status = 'succeeded'")
-                .fetch_one(&pool)
-                .await?;
+        let succeeded = journal.count_in(Status::Succeeded).await?;
         let dead = publisher
             .channel()
             .queue_declare(
@@ -231,21 +232,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         let topology = oncely_core::topology::Topology::new(&config.broker);
         let _ = topology.delete(publisher.channel(), &actions).await;
         pool.close().await;
-        if let Ok(admin) = db::connect(
-            &args.database_url,
-            &PoolSettings {
-                max_connections: 1,
-                ..Default::default()
-            },
-        )
-        .await
-        {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS \"oncely_demo_{run_id}\" WITH (FORCE)"
-            )))
-            .execute(&admin)
-            .await;
-        }
+        let _ = db::drop_database(&db_url).await;
     }
     let _ = conn.close(200, "demo done".into()).await;
     sandbox.shutdown().await;

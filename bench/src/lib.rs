@@ -30,7 +30,7 @@ use fleet::{FleetEnv, FleetResult, FleetSpec};
 use intents::{ACTIONS, Workload};
 use oncely_core::KeySecret;
 use oncely_core::config::BrokerConfig;
-use oncely_core::db::{self, PoolSettings};
+use oncely_core::db;
 use oncely_core::topology::{self, Topology};
 use std::path::PathBuf;
 
@@ -47,7 +47,7 @@ use std::path::PathBuf;
    producer SDK, at full load and at half load, then the scaling runs (workers, sandbox latency).\n\n\
 Each measurement creates its own database and broker prefix and removes them at the end. Design targets are printed\n\
 next to the figures, never asserted: the exit status is 1 only when something broke.\n\n\
-Build first: `cargo build --release --bins`, then `./target/release/oncely-bench`."
+Build first: `cargo build --release -p oncely-worker -p oncely-bench`, then `./target/release/oncely-bench`."
 )]
 pub struct BenchArgs {
     /// Operations per measurement [default: 20000; with --quick: 1000].
@@ -145,40 +145,12 @@ impl BenchArgs {
 
 /// The URL of database `name` on the server of `server_url`.
 pub fn database_url(server_url: &str, name: &str) -> String {
-    let (base, query) = match server_url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (server_url, None),
-    };
-    // Keep `postgres://user@host:port`, replace the path.
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[scheme_end..].find('/') {
-        Some(i) => &base[..scheme_end + i],
-        None => base,
-    };
-    match query {
-        Some(q) => format!("{base}/{name}?{q}"),
-        None => format!("{base}/{name}"),
-    }
+    db::database_url(server_url, name)
 }
 
 /// `DROP DATABASE … WITH (FORCE)`.
 pub async fn drop_database(server_url: &str, name: &str) -> anyhow::Result<()> {
-    let admin = db::connect(
-        server_url,
-        &PoolSettings {
-            max_connections: 1,
-            ..Default::default()
-        },
-    )
-    .await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-        name.replace('"', "")
-    )))
-    .execute(&admin)
-    .await?;
-    admin.close().await;
-    Ok(())
+    Ok(db::drop_database(&db::database_url(server_url, name)).await?)
 }
 
 /// Delete the oncely queues and exchanges of `prefix`.
@@ -247,9 +219,9 @@ pub fn worker_binary() -> anyhow::Result<PathBuf> {
     }
     if !path.exists() {
         let hint = if dir.ends_with("release") {
-            "cargo build --release --bins"
+            "cargo build --release -p oncely-worker"
         } else {
-            "cargo build --bins"
+            "cargo build -p oncely-worker"
         };
         anyhow::bail!(
             "{} not found: the bench runs real worker processes; build them first with `{hint}`",

@@ -2,7 +2,7 @@
 //! and `docs/performance.md`.
 
 use clap::Parser;
-use oncely_worker::bench::{self, BenchArgs};
+use oncely_bench::{self as bench, BenchArgs};
 
 #[tokio::main]
 async fn main() {

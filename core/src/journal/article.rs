@@ -1,0 +1,114 @@
+//! The article's journal flow, kept as a yardstick: three autocommit statements per
+//! action (record `planned`, claim, complete), one action at a time, on oncely's real
+//! schema (its CHECK constraints and events trigger included). The workers never use it;
+//! `oncely-bench` runs it to measure what the article's design costs on this schema next
+//! to oncely's batched statements, and it lives here because the journal is the only
+//! module with SQL.
+//!
+//! The schema's constraints add what the article's statements leave out: the claim sets
+//! the lease owner, the first attempt time, the actor and reason; the completion clears
+//! the owner and the payload.
+
+use super::{Journal, JournalError};
+
+const INSERT: &str = "INSERT INTO agent_operations (idempotency_key, action_type, workflow_id, step, \
+     business_object, revision, payload_hash, payload, status, last_actor, last_reason) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, 'planned', $9, 'recorded') \
+     ON CONFLICT (idempotency_key) DO NOTHING";
+
+const CLAIM: &str = "UPDATE agent_operations SET status = 'executing', \
+     attempt_count = attempt_count + 1, lease_until = now() + interval '2 minutes', \
+     lease_owner = $2, first_attempt_at = coalesce(first_attempt_at, now()), \
+     last_actor = $2, last_reason = 'claim', updated_at = now() \
+     WHERE idempotency_key = $1 AND status IN ('planned', 'failed_retryable') \
+       AND (lease_until IS NULL OR lease_until < now()) \
+     RETURNING attempt_count";
+
+const COMPLETE: &str = "UPDATE agent_operations SET status = 'succeeded', \
+     provider_operation_id = $2, result_json = $3::jsonb, lease_until = NULL, \
+     lease_owner = NULL, payload = NULL, last_actor = $4, \
+     last_reason = 'provider_succeeded', updated_at = now() \
+     WHERE idempotency_key = $1 AND status = 'executing'";
+
+/// One action of the article's flow, its values prepared as text.
+#[derive(Debug, Clone)]
+pub struct ArticleAction {
+    /// The idempotency key.
+    pub key: String,
+    /// The action type.
+    pub action_type: String,
+    /// The workflow id.
+    pub workflow: String,
+    /// The step.
+    pub step: String,
+    /// The business object.
+    pub object: String,
+    /// The revision.
+    pub revision: i64,
+    /// The payload hash (`sha256:…`).
+    pub hash: String,
+    /// The payload as JSON text.
+    pub payload: String,
+    /// The provider's id saved on completion.
+    pub provider_id: String,
+    /// The provider's answer saved on completion, as JSON text.
+    pub result: String,
+}
+
+/// Where the article's flow found the journal in an unexpected state.
+#[derive(Debug, thiserror::Error)]
+pub enum ArticleFlowError {
+    /// The claim matched no row (someone else holds it, or it is not claimable).
+    #[error("the claim of {0} found nothing")]
+    NotClaimed(String),
+    /// The completion's compare-and-set matched no row.
+    #[error("the completion of {0} changed nothing")]
+    NotCompleted(String),
+    /// The database failed.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+impl Journal {
+    /// Run one action through the article's three statements, each its own transaction.
+    pub async fn article_action(
+        &self,
+        a: &ArticleAction,
+        actor: &str,
+    ) -> Result<(), ArticleFlowError> {
+        sqlx::query(INSERT)
+            .bind(&a.key)
+            .bind(&a.action_type)
+            .bind(&a.workflow)
+            .bind(&a.step)
+            .bind(&a.object)
+            .bind(a.revision)
+            .bind(&a.hash)
+            .bind(&a.payload)
+            .bind(actor)
+            .execute(&self.pool)
+            .await
+            .map_err(JournalError::from)?;
+        let claimed: Option<i32> = sqlx::query_scalar(CLAIM)
+            .bind(&a.key)
+            .bind(actor)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(JournalError::from)?;
+        if claimed.is_none() {
+            return Err(ArticleFlowError::NotClaimed(a.key.clone()));
+        }
+        let done = sqlx::query(COMPLETE)
+            .bind(&a.key)
+            .bind(&a.provider_id)
+            .bind(&a.result)
+            .bind(actor)
+            .execute(&self.pool)
+            .await
+            .map_err(JournalError::from)?;
+        if done.rows_affected() != 1 {
+            return Err(ArticleFlowError::NotCompleted(a.key.clone()));
+        }
+        Ok(())
+    }
+}
