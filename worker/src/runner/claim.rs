@@ -4,7 +4,7 @@
 //! Why the permits are taken before the claim: a lease starts ticking when the claim
 //! commits, so a claim must never wait for a call slot. A batch that cannot be claimed
 //! (journal unavailable past the retry budget) goes back to the queue whole; deliveries
-//! that were not claimed are settled without calling anyone (see [`effects`]).
+//! that were not claimed are settled without calling anyone (see `effects`).
 
 use super::commit::Finished;
 use super::effects;

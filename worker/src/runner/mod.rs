@@ -19,10 +19,10 @@
 //!
 //! # Layout
 //! One file per step of a delivery's life:
-//! - [`intake`]: consumers to one stream, batches, decode and validate.
-//! - [`claim`]: the batch claim and the provider calls it dispatches.
-//! - [`commit`]: the compare-and-set commit of finished calls (on time, late or stale).
-//! - [`effects`]: what the broker sees: ack, requeue, dead-letter, conflict, hand-off to
+//! - `intake`: consumers to one stream, batches, decode and validate.
+//! - `claim`: the batch claim and the provider calls it dispatches.
+//! - `commit`: the compare-and-set commit of finished calls (on time, late or stale).
+//! - `effects`: what the broker sees: ack, requeue, dead-letter, conflict, hand-off to
 //!   the reconcile queue, outcome events.
 
 mod claim;
