@@ -117,7 +117,12 @@ async fn measure(
         for (id, body) in window {
             pending.push(
                 publisher
-                    .publish("", queue, body, true, None, Some(id.as_str()))
+                    .publish(
+                        "",
+                        queue,
+                        body,
+                        oncely_core::publish::PublishOptions::mandatory().with_message_id(id),
+                    )
                     .await?,
             );
         }

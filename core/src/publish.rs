@@ -35,6 +35,62 @@ pub enum PublishError {
     },
 }
 
+/// Whether the broker must route the message to a queue (`mandatory`): then an
+/// unroutable message is a [`PublishError::Unroutable`], not a silent drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mandatory {
+    /// Commands and hand-offs: a message nobody can take is a failure.
+    Yes,
+    /// Notifications (outcome events): nobody may be listening, and that is fine.
+    No,
+}
+
+/// How to publish one message, beyond its exchange, routing key and body.
+#[derive(Debug, Clone)]
+pub struct PublishOptions<'a> {
+    /// Must it be routed?
+    pub mandatory: Mandatory,
+    /// AMQP headers (e.g. a dead-letter reason).
+    pub headers: Option<FieldTable>,
+    /// AMQP `message-id` (the idempotency key, for tracing a message through the broker).
+    pub message_id: Option<&'a str>,
+}
+
+impl<'a> PublishOptions<'a> {
+    /// A message that must be routed, with no headers and no message id.
+    pub fn mandatory() -> Self {
+        Self {
+            mandatory: Mandatory::Yes,
+            headers: None,
+            message_id: None,
+        }
+    }
+
+    /// A notification nobody may be listening to: not mandatory.
+    pub fn notification() -> Self {
+        Self {
+            mandatory: Mandatory::No,
+            ..Self::mandatory()
+        }
+    }
+
+    /// With these headers.
+    pub fn with_headers(self, headers: FieldTable) -> Self {
+        Self {
+            headers: Some(headers),
+            ..self
+        }
+    }
+
+    /// With this message id.
+    pub fn with_message_id(self, id: &'a str) -> Self {
+        Self {
+            message_id: Some(id),
+            ..self
+        }
+    }
+}
+
 /// A confirm-mode channel.
 #[derive(Debug, Clone)]
 pub struct Publisher {
@@ -70,17 +126,15 @@ impl Publisher {
         exchange: &str,
         routing_key: &str,
         body: &[u8],
-        mandatory: bool,
-        headers: Option<FieldTable>,
-        message_id: Option<&str>,
+        options: PublishOptions<'_>,
     ) -> Result<Pending, PublishError> {
         let mut props = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into());
-        if let Some(h) = headers {
+        if let Some(h) = options.headers {
             props = props.with_headers(h);
         }
-        if let Some(id) = message_id {
+        if let Some(id) = options.message_id {
             props = props.with_message_id(id.into());
         }
         let confirm = self
@@ -89,7 +143,7 @@ impl Publisher {
                 exchange.into(),
                 routing_key.into(),
                 BasicPublishOptions {
-                    mandatory,
+                    mandatory: options.mandatory == Mandatory::Yes,
                     immediate: false,
                 },
                 body,
@@ -109,10 +163,9 @@ impl Publisher {
         exchange: &str,
         routing_key: &str,
         body: &[u8],
-        mandatory: bool,
-        headers: Option<FieldTable>,
+        options: PublishOptions<'_>,
     ) -> Result<(), PublishError> {
-        self.publish(exchange, routing_key, body, mandatory, headers, None)
+        self.publish(exchange, routing_key, body, options)
             .await?
             .confirmed()
             .await

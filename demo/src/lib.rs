@@ -141,7 +141,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     ];
     for body in &invalid {
         publisher
-            .publish_confirmed(&exchange, "email.send", body, true, None)
+            .publish_confirmed(
+                &exchange,
+                "email.send",
+                body,
+                oncely_core::publish::PublishOptions::mandatory(),
+            )
             .await?;
     }
 

@@ -4,7 +4,7 @@ use oncely_core::config::Config;
 use oncely_core::intent::EnvelopeError;
 use oncely_core::journal::{Journal, JournalError, Operation, Recorded};
 use oncely_core::metrics as m;
-use oncely_core::publish::{Pending, PublishError, Publisher};
+use oncely_core::publish::{Pending, PublishError, PublishOptions, Publisher};
 use oncely_core::topology::{self, Topology};
 use oncely_core::{Envelope, IdempotencyKey, Intent, KeySecret, Status};
 use serde::Serialize;
@@ -213,9 +213,7 @@ impl Producer {
                 &self.topology.actions_exchange(),
                 action,
                 &env.to_bytes(),
-                true,
-                None,
-                Some(env.key.as_str()),
+                PublishOptions::mandatory().with_message_id(env.key.as_str()),
             )
             .await?)
     }

@@ -5,6 +5,8 @@
 //! - [`provider`]: the provider trait and the generic HTTP/JSON adapter.
 //! - [`decide`]: the classification table and the not-claimed decisions (pure).
 //! - [`runner`]: the action worker (consume → claim → call → commit → ack).
+//! - [`broker`]: the broker session shared by the runner and the reconciler.
+//! - [`reconcile_request`]: the message on the reconcile queue.
 //! - [`reconciler`]: the reconciler and the sweeper.
 //! - [`admin`]: `oncely-worker admin` (ops, reviews, purge).
 //! - [`outcome`]: outcome events for agents.
@@ -15,12 +17,14 @@
 //! - [`cli`]: the `oncely-worker` command.
 
 pub mod admin;
+pub mod broker;
 pub mod cli;
 pub mod context;
 pub mod decide;
 pub mod failpoint;
 pub mod outcome;
 pub mod provider;
+pub mod reconcile_request;
 pub mod reconciler;
 pub mod retry;
 pub mod runner;

@@ -21,19 +21,20 @@
 //! `failed_retryable` rows → published again; unknowns with no check for a while →
 //! checked here. It also sets the backlog gauges.
 
+use crate::broker::Session;
 use crate::context::Context;
 use crate::decide;
 use crate::outcome::{self, OutcomeEvent};
 use crate::provider::{Call, Remote};
+use crate::reconcile_request::ReconcileRequest;
 use crate::shutdown::Shutdown;
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicAckOptions;
 use oncely_core::config::OnUnknown;
 use oncely_core::journal::{Completion, Operation, Verdict};
 use oncely_core::metrics as m;
-use oncely_core::publish::Publisher;
-use oncely_core::{IdempotencyKey, Status, topology};
+use oncely_core::publish::{PublishOptions, Publisher};
+use oncely_core::{IdempotencyKey, Status};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -78,26 +79,12 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> anyhow::Result<()> {
 }
 
 async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
-    let conn = topology::connect(&ctx.config.broker.url, &ctx.owner).await?;
-    let publisher = Publisher::open(&conn).await?;
-    ctx.topology
-        .declare(publisher.channel(), &ctx.action_types())
-        .await?;
-    metrics::counter!(m::CONNECTIONS, "kind" => "amqp", "result" => "established").increment(1);
+    let broker = Session::open(ctx).await?;
+    let publisher = broker.publisher().clone();
     let rc = &ctx.config.reconciler;
-    let ch = conn.create_channel().await?;
-    ch.basic_qos(
-        u16::try_from(rc.concurrency).unwrap_or(u16::MAX),
-        BasicQosOptions::default(),
-    )
-    .await?;
-    let mut consumer = ch
-        .basic_consume(
-            ctx.topology.reconcile_queue().into(),
-            ctx.owner.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
+    let prefetch = u16::try_from(rc.concurrency).unwrap_or(u16::MAX);
+    let (_channel, mut consumer) = broker
+        .consume(&ctx.topology.reconcile_queue(), &ctx.owner, prefetch)
         .await?;
     tracing::info!(owner = %ctx.owner, "reconciler consuming");
     let sweeper = tokio::spawn(sweep_loop(ctx.clone(), publisher.clone(), shutdown.clone()));
@@ -111,14 +98,14 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
                 let Ok(permit) = sem.clone().acquire_owned().await else { break false };
                 let (ctx, publisher) = (ctx.clone(), publisher.clone());
                 tokio::spawn(async move {
-                    match serde_json::from_slice::<serde_json::Value>(&delivery.data).ok().and_then(|v| v["idempotency_key"].as_str().map(str::to_owned)).map(|k| IdempotencyKey::parse(&k)) {
-                        Some(Ok(key)) => {
+                    match ReconcileRequest::parse(&delivery.data) {
+                        Ok(ReconcileRequest { idempotency_key: key, .. }) => {
                             if let Err(e) = reconcile(&ctx, &publisher, &key).await {
                                 // Leave it: the sweeper re-checks unknowns that stay due.
                                 tracing::warn!(key = %key, error = %e, "reconcile failed; the sweeper will retry");
                             }
                         }
-                        _ => tracing::warn!(bytes = delivery.data.len(), "unreadable reconcile message dropped"),
+                        Err(_) => tracing::warn!(bytes = delivery.data.len(), "unreadable reconcile message dropped"),
                     }
                     let _ = delivery.acker.ack(BasicAckOptions::default()).await;
                     drop(permit);
@@ -129,7 +116,7 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
     sweeper.abort();
     let all = u32::try_from(rc.concurrency).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(rc.check_lease, sem.acquire_many(all)).await;
-    let _ = conn.close(200, "reconciler stopping".into()).await;
+    broker.close("reconciler stopping").await;
     if lost {
         Err(anyhow::anyhow!("connection to RabbitMQ lost"))
     } else {
@@ -260,9 +247,7 @@ async fn decide_one(
                         &ctx.topology.actions_exchange(),
                         &op.action_type,
                         &env.to_bytes(),
-                        true,
-                        None,
-                        Some(op.key.as_str()),
+                        PublishOptions::mandatory().with_message_id(op.key.as_str()),
                     )
                     .await;
                 if let Ok(p) = published {
@@ -282,15 +267,6 @@ async fn commit(
     decision: Decision,
 ) -> anyhow::Result<Decision> {
     let status = c.verdict.status();
-    let (pid, err) = match &c.verdict {
-        Verdict::Succeeded {
-            provider_operation_id,
-            ..
-        } => (Some(provider_operation_id.clone()), None),
-        Verdict::FailedFinal { error_code }
-        | Verdict::FailedRetryable { error_code, .. }
-        | Verdict::Unknown { error_code, .. } => (None, Some(error_code.clone())),
-    };
     if !ctx.journal.complete(&c, &ctx.owner).await? {
         return Ok(Decision::Raced);
     }
@@ -298,15 +274,8 @@ async fn commit(
     if status.is_terminal() {
         let secs = (op.read_at - op.created_at).num_milliseconds() as f64 / 1000.0;
         metrics::histogram!(m::TIME_TO_TERMINAL_SECONDS, "action_type" => op.action_type.clone(), "status" => status.as_str()).record(secs.max(0.0));
-        publish_outcome(
-            ctx,
-            publisher,
-            op,
-            status.as_str(),
-            pid.as_deref(),
-            err.as_deref(),
-        )
-        .await;
+        let ev = OutcomeEvent::for_operation(op, &c.verdict);
+        outcome::publish_one(publisher, &ctx.topology, &ev).await;
     }
     Ok(decision)
 }
@@ -324,32 +293,10 @@ async fn review(
     {
         metrics::counter!(m::REVIEWS_OPENED, "action_type" => op.action_type.clone()).increment(1);
         tracing::warn!(key = %op.key, action_type = %op.action_type, workflow = %op.workflow_id, reason, "review opened: a person must decide");
-        publish_outcome(ctx, publisher, op, "review_opened", None, Some(reason)).await;
+        let ev = OutcomeEvent::review_opened(op, reason);
+        outcome::publish_one(publisher, &ctx.topology, &ev).await;
     }
     Ok(Decision::Review)
-}
-
-async fn publish_outcome(
-    ctx: &Context,
-    publisher: &Publisher,
-    op: &Operation,
-    status: &str,
-    pid: Option<&str>,
-    err: Option<&str>,
-) {
-    let ev = OutcomeEvent {
-        schema: outcome::OUTCOME_SCHEMA,
-        idempotency_key: op.key.as_str(),
-        action_type: &op.action_type,
-        status,
-        attempt: op.attempt_count,
-        workflow_id: &op.workflow_id,
-        provider_operation_id: pid,
-        error_code: err,
-    };
-    if let Some(p) = outcome::publish(publisher, &ctx.topology, &ev).await {
-        outcome::flush(vec![p]).await;
-    }
 }
 
 /// The sweeper's loop: one pass every `sweep_interval`, at once again while batches are full.
@@ -388,18 +335,8 @@ pub async fn sweep_once(ctx: &Context, publisher: &Publisher) -> anyhow::Result<
         metrics::counter!(m::SWEEPER_ACTIONS, "action" => "lease_expired").increment(1);
         metrics::counter!(m::TRANSITIONS, "action_type" => e.action_type.clone(), "status" => "unknown").increment(1);
         tracing::warn!(key = %e.key, action_type = %e.action_type, attempt = e.attempt, "lease expired while executing: now unknown, reconciling");
-        let body = serde_json::json!({"idempotency_key": e.key.as_str(), "attempt": e.attempt})
-            .to_string();
-        if let Err(err) = publisher
-            .publish_confirmed(
-                "",
-                &ctx.topology.reconcile_queue(),
-                body.as_bytes(),
-                true,
-                None,
-            )
-            .await
-        {
+        let request = ReconcileRequest::new(&e.key, e.attempt);
+        if let Err(err) = request.publish(publisher, &ctx.topology).await {
             tracing::warn!(key = %e.key, error = %err, "could not queue for reconcile; the sweeper re-checks stale unknowns");
         }
     }
@@ -424,9 +361,7 @@ pub async fn sweep_once(ctx: &Context, publisher: &Publisher) -> anyhow::Result<
                 &ctx.topology.actions_exchange(),
                 &op.action_type,
                 &env.to_bytes(),
-                true,
-                None,
-                Some(op.key.as_str()),
+                PublishOptions::mandatory().with_message_id(op.key.as_str()),
             )
             .await
         {

@@ -3,7 +3,7 @@
 //! Only errors the journal marks retryable (connection lost, pool timeout, backend
 //! terminated) are retried, with exponential backoff capped at a few seconds, until
 //! `give_up_after` passes. What a caller does when it gives up keeps work safe: deliveries
-//! stay unacked (RabbitMQ redelivers them), leases expire into `unknown`.
+//! go back to the queue (the claim dedupes the redelivery), leases expire into `unknown`.
 
 use backon::{ExponentialBuilder, Retryable};
 use oncely_core::journal::JournalError;

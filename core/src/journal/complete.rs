@@ -5,12 +5,18 @@
 //! the sweeper, then to a new attempt) presents a stale attempt and changes nothing. The
 //! same statement serves the reconciler and reviews (`unknown` → …): the caller names
 //! the status it expects. Terminal statuses drop the payload and the lease.
+//!
+//! A definitive answer (`succeeded`, `failed_final`) that arrives after the sweeper moved
+//! the same attempt from `executing` to `unknown` is a *late* answer, and the same
+//! statement accepts it from `unknown` (event reason `late_answer`): one statement, one
+//! [`Applied`] per item, retried as a whole, so a late answer is never lost to a second
+//! round trip. An answer for another attempt is [`Applied::Stale`]. A returned row that
+//! does not decode is an error, never a silent "not applied".
 
 use super::{Journal, JournalError};
 use crate::keys::IdempotencyKey;
 use crate::status::{Status, transition};
 use serde_json::Value;
-use sqlx::Row;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -57,6 +63,43 @@ impl Verdict {
     }
 }
 
+/// The event reason of a late answer accepted from `unknown`. Callers never pass it as
+/// their own reason (it is how the statement tells a late row from an on-time one).
+pub const LATE_REASON: &str = "late_answer";
+
+/// What one completion did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Applied {
+    /// Applied from the expected status. `age_secs`: creation to now (database clock).
+    OnTime {
+        /// The operation's age in seconds: its end-to-end latency when terminal.
+        age_secs: f64,
+    },
+    /// A definitive answer accepted from `unknown` for the same attempt (the sweeper had
+    /// moved the attempt on while the provider was answering).
+    Late {
+        /// The operation's age in seconds.
+        age_secs: f64,
+    },
+    /// Nothing changed: the row is at another attempt or status.
+    Stale,
+}
+
+impl Applied {
+    /// Whether the row changed (on time or late).
+    pub fn is_applied(self) -> bool {
+        !matches!(self, Applied::Stale)
+    }
+
+    /// The operation's age, when it applied.
+    pub fn age_secs(self) -> Option<f64> {
+        match self {
+            Applied::OnTime { age_secs } | Applied::Late { age_secs } => Some(age_secs),
+            Applied::Stale => None,
+        }
+    }
+}
+
 /// One compare-and-set.
 #[derive(Debug, Clone)]
 pub struct Completion {
@@ -72,56 +115,37 @@ pub struct Completion {
     pub reason: String,
 }
 
-impl Journal {
-    /// Apply one completion; `true` if it applied, `false` if the row had moved on.
-    pub async fn complete(&self, c: &Completion, actor: &str) -> Result<bool, JournalError> {
-        Ok(self
-            .complete_many(std::slice::from_ref(c), actor)
-            .await?
-            .first()
-            .copied()
-            .unwrap_or(false))
+impl Completion {
+    /// Whether this completion may also be accepted as a late answer from `unknown`: a
+    /// definitive verdict for an attempt that was expected to be `executing`.
+    fn accepts_late(&self) -> bool {
+        self.expected == Status::Executing
+            && matches!(
+                self.verdict,
+                Verdict::Succeeded { .. } | Verdict::FailedFinal { .. }
+            )
     }
+}
 
-    /// Apply a batch of completions in one statement; one `applied` flag per input.
-    /// Keys must be distinct within a batch (one operation has one outcome).
-    pub async fn complete_many(
-        &self,
-        cs: &[Completion],
-        actor: &str,
-    ) -> Result<Vec<bool>, JournalError> {
-        Ok(self
-            .complete_many_aged(cs, actor)
-            .await?
-            .into_iter()
-            .map(|a| a.is_some())
-            .collect())
-    }
+/// The statement's columns, one array per field (`unnest` turns them back into rows).
+#[derive(Default)]
+struct Batch {
+    keys: Vec<String>,
+    expected: Vec<&'static str>,
+    attempts: Vec<i32>,
+    to: Vec<&'static str>,
+    pids: Vec<Option<String>>,
+    results: Vec<Option<String>>,
+    errors: Vec<Option<String>>,
+    delays: Vec<Option<f64>>,
+    reasons: Vec<String>,
+    late_ok: Vec<bool>,
+}
 
-    /// [`Journal::complete_many`], returning for each applied completion the operation's
-    /// age in seconds (creation to now, database clock) — the end-to-end latency.
-    pub async fn complete_many_aged(
-        &self,
-        cs: &[Completion],
-        actor: &str,
-    ) -> Result<Vec<Option<f64>>, JournalError> {
-        if cs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let n = cs.len();
-        let (mut keys, mut expected, mut attempts, mut to) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        let (mut pids, mut results, mut errors, mut delays, mut reasons) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
+impl Batch {
+    /// Check every move against the transition table, then lay the batch out in columns.
+    fn build(cs: &[Completion]) -> Result<Self, JournalError> {
+        let mut b = Batch::default();
         for c in cs {
             let target = c.verdict.status();
             if transition(Some(c.expected), target).is_none() {
@@ -130,42 +154,103 @@ impl Journal {
                     to: target,
                 });
             }
-            keys.push(c.key.as_str().to_owned());
-            expected.push(c.expected.as_str());
-            attempts.push(c.attempt);
-            to.push(target.as_str());
-            reasons.push(c.reason.clone());
-            let (pid, result, err, delay): (
-                Option<&str>,
-                Option<String>,
-                Option<&str>,
-                Option<f64>,
-            ) = match &c.verdict {
+            let (pid, result, err, delay) = match &c.verdict {
                 Verdict::Succeeded {
                     provider_operation_id,
                     result,
                 } => (
-                    Some(provider_operation_id),
+                    Some(provider_operation_id.clone()),
                     Some(result.to_string()),
                     None,
                     None,
                 ),
-                Verdict::FailedFinal { error_code } => (None, None, Some(error_code), None),
+                Verdict::FailedFinal { error_code } => (None, None, Some(error_code.clone()), None),
                 Verdict::FailedRetryable {
                     error_code,
-                    retry_in,
-                } => (None, None, Some(error_code), Some(retry_in.as_secs_f64())),
-                Verdict::Unknown {
+                    retry_in: delay,
+                }
+                | Verdict::Unknown {
                     error_code,
-                    check_in,
-                } => (None, None, Some(error_code), Some(check_in.as_secs_f64())),
+                    check_in: delay,
+                } => (
+                    None,
+                    None,
+                    Some(error_code.clone()),
+                    Some(delay.as_secs_f64()),
+                ),
             };
-            pids.push(pid.map(str::to_owned));
-            results.push(result);
-            errors.push(err.map(str::to_owned));
-            delays.push(delay);
+            b.keys.push(c.key.as_str().to_owned());
+            b.expected.push(c.expected.as_str());
+            b.attempts.push(c.attempt);
+            b.to.push(target.as_str());
+            b.pids.push(pid);
+            b.results.push(result);
+            b.errors.push(err);
+            b.delays.push(delay);
+            b.reasons.push(c.reason.clone());
+            b.late_ok.push(c.accepts_late());
         }
-        let rows = sqlx::query(
+        Ok(b)
+    }
+}
+
+/// One result per input key, in input order: a key the statement did not return is stale.
+fn per_item(keys: &[String], rows: Vec<(String, f64, bool)>) -> Vec<Applied> {
+    let applied: HashMap<String, Applied> = rows
+        .into_iter()
+        .map(|(k, age_secs, late)| {
+            let a = if late {
+                Applied::Late { age_secs }
+            } else {
+                Applied::OnTime { age_secs }
+            };
+            (k, a)
+        })
+        .collect();
+    keys.iter()
+        .map(|k| applied.get(k).copied().unwrap_or(Applied::Stale))
+        .collect()
+}
+
+impl Journal {
+    /// Apply one completion; `true` if it applied (on time or late), `false` if the row
+    /// had moved on.
+    pub async fn complete(&self, c: &Completion, actor: &str) -> Result<bool, JournalError> {
+        Ok(self
+            .complete_batch(std::slice::from_ref(c), actor)
+            .await?
+            .first()
+            .is_some_and(|a| a.is_applied()))
+    }
+
+    /// [`Journal::complete_batch`] as one `applied` flag per input.
+    pub async fn complete_many(
+        &self,
+        cs: &[Completion],
+        actor: &str,
+    ) -> Result<Vec<bool>, JournalError> {
+        Ok(self
+            .complete_batch(cs, actor)
+            .await?
+            .into_iter()
+            .map(Applied::is_applied)
+            .collect())
+    }
+
+    /// Apply a batch of completions in one statement; one [`Applied`] per input, in
+    /// order. Keys must be distinct within a batch (one operation has one outcome).
+    pub async fn complete_batch(
+        &self,
+        cs: &[Completion],
+        actor: &str,
+    ) -> Result<Vec<Applied>, JournalError> {
+        if cs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let b = Batch::build(cs)?;
+        // `o.status` in SET and WHERE is the row before the update: on time when it is
+        // the expected status, late when the alternative (`unknown`, same attempt) matched.
+        let rows: Vec<(String, f64, bool)> = sqlx::query_as(
             "UPDATE agent_operations AS o SET \
                  status = c.to_status, \
                  provider_operation_id = coalesce(c.pid, o.provider_operation_id), \
@@ -174,33 +259,106 @@ impl Journal {
                  lease_until = CASE WHEN c.delay IS NULL THEN NULL ELSE now() + make_interval(secs => c.delay) END, \
                  lease_owner = NULL, \
                  payload = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload END, \
-                 last_actor = $9, last_reason = c.reason, updated_at = now() \
+                 last_actor = $9, \
+                 last_reason = CASE WHEN o.status = c.expected THEN c.reason ELSE $12 END, \
+                 updated_at = now() \
              FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[], \
-                         $8::float8[], $10::text[]) AS c(k, expected, attempt, to_status, pid, result, err, delay, reason) \
-             WHERE o.idempotency_key = c.k AND o.status = c.expected AND o.attempt_count = c.attempt \
-             RETURNING o.idempotency_key, extract(epoch FROM now() - o.created_at)::float8",
+                         $8::float8[], $10::text[], $11::bool[]) \
+                  AS c(k, expected, attempt, to_status, pid, result, err, delay, reason, late_ok) \
+             WHERE o.idempotency_key = c.k AND o.attempt_count = c.attempt \
+               AND (o.status = c.expected OR (c.late_ok AND o.status = 'unknown')) \
+             RETURNING o.idempotency_key, extract(epoch FROM now() - o.created_at)::float8, \
+                       o.last_reason = $12 AND c.reason <> $12",
         )
-        .bind(&keys)
-        .bind(&expected)
-        .bind(&attempts)
-        .bind(&to)
-        .bind(&pids)
-        .bind(&results)
-        .bind(&errors)
-        .bind(&delays)
+        .bind(&b.keys)
+        .bind(&b.expected)
+        .bind(&b.attempts)
+        .bind(&b.to)
+        .bind(&b.pids)
+        .bind(&b.results)
+        .bind(&b.errors)
+        .bind(&b.delays)
         .bind(actor)
-        .bind(&reasons)
+        .bind(&b.reasons)
+        .bind(&b.late_ok)
+        .bind(LATE_REASON)
         .fetch_all(&self.pool)
         .await?;
-        let applied: HashMap<String, f64> = rows
-            .iter()
-            .filter_map(|r| {
-                Some((
-                    r.try_get::<String, _>(0).ok()?,
-                    r.try_get::<f64, _>(1).unwrap_or(0.0),
-                ))
-            })
-            .collect();
-        Ok(keys.iter().map(|k| applied.get(k).copied()).collect())
+        Ok(per_item(&b.keys, rows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn completion(expected: Status, verdict: Verdict) -> Completion {
+        Completion {
+            key: IdempotencyKey::parse(&format!("v1:{}", "a".repeat(64))).expect("key"),
+            expected,
+            attempt: 1,
+            verdict,
+            reason: "r".into(),
+        }
+    }
+
+    #[test]
+    fn only_definitive_answers_for_an_executing_attempt_may_land_late() {
+        let ok = Verdict::Succeeded {
+            provider_operation_id: "p".into(),
+            result: json!({}),
+        };
+        let rejected = Verdict::FailedFinal {
+            error_code: "x".into(),
+        };
+        let retry = Verdict::FailedRetryable {
+            error_code: "x".into(),
+            retry_in: Duration::ZERO,
+        };
+        let unknown = Verdict::Unknown {
+            error_code: "x".into(),
+            check_in: Duration::ZERO,
+        };
+        let cases = [
+            (Status::Executing, ok.clone(), true),
+            (Status::Executing, rejected.clone(), true),
+            (Status::Executing, retry, false),
+            (Status::Executing, unknown, false),
+            (Status::Unknown, ok, false),
+            (Status::Unknown, rejected, false),
+        ];
+        for (expected, verdict, late) in cases {
+            let c = completion(expected, verdict.clone());
+            assert_eq!(c.accepts_late(), late, "{expected:?} {verdict:?}");
+        }
+    }
+
+    #[test]
+    fn one_result_per_input_in_order() {
+        let keys = ["a", "b", "c"].map(String::from);
+        let rows = vec![("c".into(), 2.0, true), ("a".into(), 1.0, false)];
+        assert_eq!(
+            per_item(&keys, rows),
+            vec![
+                Applied::OnTime { age_secs: 1.0 },
+                Applied::Stale,
+                Applied::Late { age_secs: 2.0 }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_move_outside_the_table_is_refused_before_any_sql() {
+        let c = completion(
+            Status::Planned,
+            Verdict::FailedFinal {
+                error_code: "x".into(),
+            },
+        );
+        assert!(matches!(
+            Batch::build(&[c]),
+            Err(JournalError::InvalidTransition { .. })
+        ));
     }
 }

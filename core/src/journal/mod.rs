@@ -30,7 +30,7 @@ pub mod stats;
 pub mod sweep;
 
 pub use claim::{Claim, ClaimOutcome, ClaimRequest, NotClaimed};
-pub use complete::{Completion, Verdict};
+pub use complete::{Applied, Completion, LATE_REASON, Verdict};
 pub use operation::{Event, JournalError, Operation};
 pub use record::Recorded;
 pub use review::{Resolution, ResolveError, Review};

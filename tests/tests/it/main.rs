@@ -9,3 +9,4 @@ mod logs;
 mod pipeline;
 mod reconcile;
 mod resilience;
+mod runner;

@@ -423,7 +423,7 @@ impl Provider for HttpProvider {
                 key = %call.key,
                 action_type = call.action_type,
                 status,
-                outcome = outcome_label(&outcome),
+                outcome = crate::decide::outcome_label(&outcome),
                 code = outcome_code(&outcome),
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "provider execute",
@@ -470,16 +470,6 @@ fn exchange_status(exchange: &Exchange) -> Option<u16> {
     match exchange {
         Exchange::Answered { status, .. } | Exchange::BodyFailed { status } => Some(*status),
         Exchange::NotSent(_) | Exchange::Lost(_) => None,
-    }
-}
-
-fn outcome_label(outcome: &Outcome) -> &'static str {
-    match outcome {
-        Outcome::Succeeded { .. } => "succeeded",
-        Outcome::Rejected { .. } => "rejected",
-        Outcome::InFlight => "in_flight",
-        Outcome::NotSent { .. } => "not_sent",
-        Outcome::Unknown { .. } => "unknown",
     }
 }
 

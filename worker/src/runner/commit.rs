@@ -1,0 +1,106 @@
+//! Commit: finished calls are written in batches with one compare-and-set statement, and
+//! each delivery is then settled by what its row did (on time, late, or stale).
+//!
+//! Why a separate loop: commits batch across calls that finish at different times (one
+//! fsync for many outcomes), and a call never waits for another's commit. The statement
+//! is retried through database trouble for up to the shortest lease; past that the
+//! deliveries are handed back to their queue (the claim turns the redelivery into an
+//! ack, the lease expires into `unknown`, the reconciler asks the provider) — never
+//! dropped to hold prefetch slots until the channel dies.
+
+use super::effects;
+use super::intake;
+use crate::context::Context;
+use crate::outcome;
+use crate::retry;
+use lapin::message::Delivery;
+use oncely_core::journal::{Completion, Verdict};
+use oncely_core::metrics as m;
+use oncely_core::publish::Publisher;
+use oncely_core::{Envelope, Status};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// A provider call that finished and waits for its commit.
+pub(super) struct Finished {
+    pub delivery: Delivery,
+    pub env: Envelope,
+    pub attempt: i32,
+    pub verdict: Verdict,
+}
+
+impl Finished {
+    /// The compare-and-set for this call: `executing` at its attempt (the journal also
+    /// accepts a definitive answer late, from `unknown` at the same attempt).
+    fn completion(&self) -> Completion {
+        Completion {
+            key: self.env.key.clone(),
+            expected: Status::Executing,
+            attempt: self.attempt,
+            verdict: self.verdict.clone(),
+            reason: reason(&self.verdict).into(),
+        }
+    }
+}
+
+/// Commit finished calls in batches until every sender is gone.
+pub(super) async fn commit_loop(
+    ctx: Context,
+    publisher: Publisher,
+    mut rx: mpsc::Receiver<Finished>,
+) {
+    let max = ctx.config.worker.batch.max(1);
+    let give_up = ctx
+        .config
+        .actions
+        .values()
+        .map(|p| p.lease)
+        .min()
+        .unwrap_or(Duration::from_secs(60));
+    while let Some(batch) = intake::next_batch(&mut rx, max).await {
+        commit_batch(&ctx, &publisher, batch, give_up).await;
+    }
+}
+
+/// One statement for the batch, then settle each delivery; outcomes flushed together.
+async fn commit_batch(
+    ctx: &Context,
+    publisher: &Publisher,
+    batch: Vec<Finished>,
+    give_up: Duration,
+) {
+    let completions: Vec<Completion> = batch.iter().map(Finished::completion).collect();
+    let started = Instant::now();
+    let applied = match retry::journal("complete", give_up, || {
+        ctx.journal.complete_batch(&completions, &ctx.owner)
+    })
+    .await
+    {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, n = batch.len(), "cannot commit outcomes; handing the deliveries back to the queue (leases expire into unknown, then reconciliation)");
+            for f in &batch {
+                effects::requeue(&f.delivery).await;
+            }
+            return;
+        }
+    };
+    metrics::histogram!(m::JOURNAL_STATEMENT_SECONDS, "statement" => "complete")
+        .record(started.elapsed().as_secs_f64());
+    crate::failpoint::hit("after_commit");
+    let mut pending = Vec::with_capacity(batch.len());
+    for (f, applied) in batch.iter().zip(applied) {
+        pending.extend(effects::settle(ctx, publisher, f, applied).await);
+    }
+    outcome::flush(pending).await;
+}
+
+/// The event reason of a worker's commit.
+fn reason(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Succeeded { .. } => "provider_succeeded",
+        Verdict::FailedFinal { .. } => "provider_rejected",
+        Verdict::FailedRetryable { .. } => "provider_not_sent",
+        Verdict::Unknown { .. } => "provider_unknown",
+    }
+}

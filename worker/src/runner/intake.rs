@@ -1,0 +1,210 @@
+//! Intake: deliveries from every action queue into one stream, taken in batches, decoded
+//! and validated before anything touches the journal.
+//!
+//! Why validation sits before the claim: a message that is not a valid envelope, was
+//! routed to another action's queue, or names an action this fleet has no policy for can
+//! never be executed, so it goes to the dead-letter queue with a reason (and is never
+//! retried), instead of taking a lease or a provider call slot.
+
+use super::effects;
+use crate::broker::Session;
+use crate::context::Context;
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::BasicCancelOptions;
+use lapin::{Channel, Consumer};
+use oncely_core::publish::Publisher;
+use oncely_core::{ActionType, Envelope, KeySecret};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// A delivery and the action type of the queue it came from.
+pub(super) struct Incoming {
+    pub action: Arc<str>,
+    pub delivery: Delivery,
+}
+
+/// A delivery whose envelope passed every check.
+pub(super) struct Valid {
+    pub inc: Incoming,
+    pub env: Envelope,
+}
+
+/// Why a delivery cannot be executed: the dead-letter reason header and its detail.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Invalid {
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// The consumers of a session (channel and tag), to cancel at shutdown.
+pub(super) struct Consumers(Vec<(Channel, String)>);
+
+/// One consumer per action queue, all feeding one bounded stream.
+pub(super) async fn consume(
+    ctx: &Context,
+    broker: &Session,
+) -> anyhow::Result<(Consumers, mpsc::Receiver<Incoming>)> {
+    let prefetch = ctx.config.worker.prefetch;
+    let (tx, rx) = mpsc::channel(usize::from(prefetch) * ctx.config.actions.len().max(1));
+    let mut consumers = Vec::new();
+    for action in ctx.action_types() {
+        let tag = format!("{}#{action}", ctx.owner);
+        let queue = ctx.topology.action_queue(action);
+        let (ch, consumer) = broker.consume(&queue, &tag, prefetch).await?;
+        tokio::spawn(forward(consumer, action.into(), tx.clone()));
+        consumers.push((ch, tag));
+    }
+    tracing::info!(owner = %ctx.owner, queues = consumers.len(), "worker consuming");
+    Ok((Consumers(consumers), rx))
+}
+
+/// Forward one queue's deliveries until the consumer or the stream ends.
+async fn forward(mut consumer: Consumer, action: Arc<str>, tx: mpsc::Sender<Incoming>) {
+    while let Some(d) = consumer.next().await {
+        match d {
+            Ok(delivery) => {
+                let inc = Incoming {
+                    action: action.clone(),
+                    delivery,
+                };
+                if tx.send(inc).await.is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, queue = %action, "consumer stopped");
+                break;
+            }
+        }
+    }
+}
+
+/// The next batch: waits for one delivery, then takes what is already buffered, up to
+/// `max`. `None` when every consumer has stopped (the connection is gone).
+pub(super) async fn next_batch<T>(rx: &mut mpsc::Receiver<T>, max: usize) -> Option<Vec<T>> {
+    let mut batch = vec![rx.recv().await?];
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(d) => batch.push(d),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
+/// Keep the valid deliveries; dead-letter the others.
+pub(super) async fn validate(
+    ctx: &Context,
+    publisher: &Publisher,
+    batch: Vec<Incoming>,
+) -> Vec<Valid> {
+    let max_bytes = ctx.config.worker.max_message_bytes;
+    let known = |a: &ActionType| ctx.route(a).is_some();
+    let mut valid = Vec::with_capacity(batch.len());
+    for inc in batch {
+        let checked = check(
+            &inc.delivery.data,
+            &inc.action,
+            max_bytes,
+            ctx.secret.as_ref(),
+            known,
+        );
+        match checked {
+            Ok(env) => valid.push(Valid { inc, env }),
+            Err(why) => effects::dead_letter(ctx, publisher, inc, why.reason, &why.detail).await,
+        }
+    }
+    valid
+}
+
+/// Decode and check one message from the queue of `queue_action`.
+fn check(
+    data: &[u8],
+    queue_action: &str,
+    max_bytes: usize,
+    secret: Option<&KeySecret>,
+    known: impl Fn(&ActionType) -> bool,
+) -> Result<Envelope, Invalid> {
+    let env = Envelope::parse(data, max_bytes, secret).map_err(|e| Invalid {
+        reason: e.reason(),
+        detail: e.to_string(),
+    })?;
+    let action = &env.intent.identity.action_type;
+    if action.as_str() != queue_action {
+        return Err(Invalid {
+            reason: "action_type_mismatch",
+            detail: "the envelope's action_type is not this queue's".into(),
+        });
+    }
+    if !known(action) {
+        return Err(Invalid {
+            reason: "unknown_action_type",
+            detail: "no policy for this action type".into(),
+        });
+    }
+    Ok(env)
+}
+
+/// Cancel the consumers and hand every buffered delivery back to its queue.
+pub(super) async fn stop(consumers: Consumers, mut rx: mpsc::Receiver<Incoming>) {
+    for (ch, tag) in &consumers.0 {
+        let _ = ch
+            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+            .await;
+    }
+    rx.close();
+    while let Some(inc) = rx.recv().await {
+        effects::requeue(&inc.delivery).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncely_core::Intent;
+    use serde_json::json;
+
+    fn secret() -> KeySecret {
+        KeySecret::new(b"test-secret-do-not-use".to_vec()).expect("secret")
+    }
+
+    fn body(action: &str) -> Vec<u8> {
+        Intent::from_json(json!({
+            "action_type": action, "workflow_id": "w", "step": "s",
+            "business_object": "o", "revision": 1, "payload": {"to": "a@example.test"}
+        }))
+        .expect("intent")
+        .seal(&secret())
+        .expect("seal")
+        .to_bytes()
+    }
+
+    fn run(data: &[u8], queue: &str, known: bool) -> Result<Envelope, Invalid> {
+        check(data, queue, 64 * 1024, Some(&secret()), |_| known)
+    }
+
+    #[test]
+    fn a_valid_envelope_for_this_queue_passes() {
+        let env = run(&body("email.send"), "email.send", true).expect("valid");
+        assert_eq!(env.intent.identity.action_type.as_str(), "email.send");
+    }
+
+    #[test]
+    fn each_refusal_carries_its_reason() {
+        let reason = |r: Result<Envelope, Invalid>| r.err().map(|i| i.reason);
+        assert_eq!(
+            reason(run(&body("email.send"), "ticket.create", true)),
+            Some("action_type_mismatch")
+        );
+        assert_eq!(
+            reason(run(&body("email.send"), "email.send", false)),
+            Some("unknown_action_type")
+        );
+        assert_eq!(
+            reason(run(&vec![b'x'; 70 * 1024], "email.send", true)),
+            Some("too_large")
+        );
+        assert!(reason(run(b"{not json", "email.send", true)).is_some());
+    }
+}
