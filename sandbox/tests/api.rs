@@ -1,6 +1,9 @@
 //! The provider contract without faults: replay, 422, 409, lookup, validation,
 //! and the control endpoints that report on it.
 
+// Tests unwrap: a failing unwrap is a failing test, with its location.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{eventually, execute, lookup, lookup_key, send, start};

@@ -1,5 +1,8 @@
 //! The real `oncely-sandbox` binary: prints its address, serves, and exits 0 on SIGTERM.
 
+// Tests unwrap: a failing unwrap is a failing test, with its location.
+#![allow(clippy::unwrap_used)]
+
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};

@@ -1,5 +1,8 @@
 //! Each fault mode, the rule filters, seeded determinism and config validation.
 
+// Tests unwrap: a failing unwrap is a failing test, with its location.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;
