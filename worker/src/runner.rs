@@ -154,7 +154,7 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
         .config
         .providers
         .values()
-        .map(|p| p.timeout)
+        .map(|p| p.timeout())
         .max()
         .unwrap_or(Duration::from_secs(5))
         + Duration::from_secs(2);
@@ -335,7 +335,7 @@ async fn call(
         .config
         .providers
         .get(&policy.provider)
-        .map_or(Duration::from_secs(5), |p| p.timeout);
+        .map_or(Duration::from_secs(5), |p| p.timeout());
     if claimed_at.elapsed() + timeout + Duration::from_secs(1) >= policy.lease {
         tracing::warn!(key = %env.key, attempt = claim.attempt, "lease too close to its end to call the provider; not sent");
         let verdict = decide::verdict(
