@@ -158,42 +158,31 @@ pub async fn run(env: &FleetEnv, spec: FleetSpec, seq: usize) -> anyhow::Result<
     result
 }
 
-/// The config file every worker of a run reads (the structure of the tests' fleet).
-fn config_toml(env: &FleetEnv, db_url: &str, prefix: &str, sandbox: &str) -> String {
+/// The config every worker of a run reads: the built-in one (the structure of the
+/// tests' fleet) pointed at this run, with the run's concurrency.
+fn fleet_config(
+    env: &FleetEnv,
+    db_url: &str,
+    prefix: &str,
+    sandbox: &str,
+) -> anyhow::Result<Config> {
     let c = env.concurrency;
-    let mut toml = format!(
-        "database_url = \"{db_url}\"\n\
-         [broker]\nurl = \"{amqp}\"\nprefix = \"{prefix}\"\nqueue_type = \"quorum\"\n\
-         [worker]\nprefetch = {c}\nmax_in_flight = {c}\nbatch = {c}\ndb_connections = 8\n",
-        amqp = env.amqp_url
-    );
-    for (action, provider, path, on_unknown) in [
-        (
-            "email.send",
-            "mail",
-            "/v1/emails",
-            "reconcile_then_retry_if_absent",
-        ),
-        (
-            "ticket.create",
-            "tickets",
-            "/v1/tickets",
-            "reconcile_then_retry_if_absent",
-        ),
-        (
-            "payment_order.create",
-            "bank",
-            "/v1/payment-orders",
-            "reconcile_then_review",
-        ),
-    ] {
-        toml.push_str(&format!(
-            "[actions.\"{action}\"]\nprovider = \"{provider}\"\nlease = \"1m\"\nretry_delay = \"2s\"\non_unknown = \"{on_unknown}\"\n\
-             [providers.{provider}]\nbase_url = \"{sandbox}\"\nexecute_path = \"{path}\"\nlookup_path = \"{path}?idempotency_key={{key}}\"\n\
-             lookup_by_reference_path = \"{path}?reference={{reference}}\"\nkey_retention = \"24h\"\nconnect_timeout = \"1s\"\ntimeout = \"5s\"\n"
-        ));
+    let mut config = Config::builtin()?;
+    config.database_url = db_url.to_owned();
+    config.broker.url = env.amqp_url.clone();
+    config.broker.prefix = prefix.to_owned();
+    config.broker.queue_type = "quorum".into();
+    config.worker.prefetch = c;
+    config.worker.max_in_flight = c.into();
+    config.worker.batch = c.into();
+    config.worker.db_connections = 8;
+    config.point_at_sandbox(sandbox);
+    for policy in config.actions.values_mut() {
+        policy.lease = Duration::from_secs(60);
+        policy.retry_delay = Duration::from_secs(2);
     }
-    toml
+    config.validate()?;
+    Ok(config)
 }
 
 async fn measure(
@@ -225,14 +214,9 @@ async fn measure(
     res.sandbox = Some(sandbox);
 
     std::fs::create_dir_all(dir)?;
-    let toml = config_toml(env, &db_url, prefix, &base);
+    let config = fleet_config(env, &db_url, prefix, &base)?;
     let config_path = dir.join("oncely.toml");
-    std::fs::write(&config_path, &toml)?;
-    let config = Config::from_toml(
-        &toml,
-        &config_path.display().to_string(),
-        std::iter::empty(),
-    )?;
+    std::fs::write(&config_path, config.to_toml()?)?;
 
     // The topology exists before any worker or producer starts.
     let conn = topology::connect(&env.amqp_url, "oncely-bench").await?;

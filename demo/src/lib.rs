@@ -88,9 +88,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     config.database_url = db_url.clone();
     config.broker.url = args.amqp_url.clone();
     config.broker.prefix = format!("oncely-demo-{run_id}");
-    for p in config.providers.values_mut() {
-        p.base_url = sandbox.base_url();
-    }
+    config.point_at_sandbox(&sandbox.base_url());
     let pool = db::prepare(&db_url, &PoolSettings::default()).await?;
     let secret = KeySecret::new(format!("demo-secret-{run_id}").into_bytes())?;
 

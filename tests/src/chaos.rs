@@ -1496,8 +1496,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     let fleet = Fleet::with(FleetOptions {
         timeout: PROVIDER_TIMEOUT.into(),
         lease: LEASE.into(),
-        action_extra: format!("max_reconcile_checks = {MAX_RECONCILE_CHECKS}"),
-        extra: FAST_RECONCILER.into(),
+        max_reconcile_checks: Some(MAX_RECONCILE_CHECKS as i32),
+        reconciler: Some(FAST_RECONCILER),
         amqp_url: private.as_ref().map(PrivateBroker::url),
         ..FleetOptions::default()
     })

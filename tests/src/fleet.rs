@@ -7,11 +7,12 @@ use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use oncely_core::KeySecret;
-use oncely_core::config::Config;
+use oncely_core::config::{Config, ProviderConfig, ReconcilerConfig, WorkerConfig, parse_duration};
 use oncely_core::topology::Topology;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
+use std::time::Duration;
 use tokio::process::{Child, Command};
 
 /// The secret every test fleet uses.
@@ -89,19 +90,22 @@ impl Proc {
     }
 }
 
-/// How to build a fleet.
+/// How to build a fleet: the built-in config, pointed at this fleet's database, broker
+/// and sandbox, with these changes. Durations are written as in a config file (`5s`).
 #[derive(Debug, Clone)]
 pub struct FleetOptions {
     /// Provider request timeout.
     pub timeout: String,
     /// Lease of every action.
     pub lease: String,
-    /// Extra TOML appended to every `[actions.…]` section.
-    pub action_extra: String,
+    /// `max_reconcile_checks` of every action (`None`: the config's default).
+    pub max_reconcile_checks: Option<i32>,
     /// Providers' key retention.
     pub key_retention: String,
-    /// Extra TOML appended at the end (e.g. a `[reconciler]` section).
-    pub extra: String,
+    /// The reconciler's tuning (`None`: the config's), e.g. [`FAST_RECONCILER`].
+    pub reconciler: Option<ReconcilerConfig>,
+    /// Any other change to the typed config, made last, before it is written.
+    pub configure: Option<fn(&mut Config)>,
     /// The broker (default: the machine's, [`amqp_url`]); a private node for restart tests.
     pub amqp_url: Option<String>,
 }
@@ -111,16 +115,79 @@ impl Default for FleetOptions {
         Self {
             timeout: "5s".into(),
             lease: "1m".into(),
-            action_extra: String::new(),
+            max_reconcile_checks: None,
             key_retention: "24h".into(),
-            extra: String::new(),
+            reconciler: None,
+            configure: None,
             amqp_url: None,
         }
     }
 }
 
-/// A `[reconciler]` section that sweeps fast (tests wait on it).
-pub const FAST_RECONCILER: &str = "[reconciler]\nsweep_interval = \"200ms\"\nrepublish_after = \"1s\"\nstale_unknown_after = \"1s\"\ncheck_lease = \"3s\"\nrecheck_delay = \"200ms\"\nmax_recheck_delay = \"1s\"\n";
+impl FleetOptions {
+    /// The built-in config changed by these options, for a fleet whose database,
+    /// broker prefix and sandbox are given.
+    pub fn config(
+        &self,
+        database_url: &str,
+        amqp_url: &str,
+        prefix: &str,
+        sandbox: &str,
+    ) -> Config {
+        let duration = |field: &str, text: &str| {
+            parse_duration(text).unwrap_or_else(|e| panic!("FleetOptions::{field}: {e}"))
+        };
+        let timeout = duration("timeout", &self.timeout);
+        let lease = duration("lease", &self.lease);
+        let key_retention = duration("key_retention", &self.key_retention);
+        let mut config = Config::builtin().unwrap_or_else(|e| panic!("built-in config: {e}"));
+        config.database_url = database_url.to_owned();
+        config.broker.url = amqp_url.to_owned();
+        config.broker.prefix = prefix.to_owned();
+        config.worker = WorkerConfig {
+            prefetch: 64,
+            max_in_flight: 32,
+            batch: 32,
+            db_connections: 4,
+            ..WorkerConfig::default()
+        };
+        config.point_at_sandbox(sandbox);
+        for policy in config.actions.values_mut() {
+            policy.lease = lease;
+            policy.retry_delay = Duration::from_millis(200);
+            if let Some(n) = self.max_reconcile_checks {
+                policy.max_reconcile_checks = n;
+            }
+        }
+        for provider in config.providers.values_mut() {
+            match provider {
+                ProviderConfig::Http(http) => {
+                    http.connect_timeout = Duration::from_secs(1);
+                    http.timeout = timeout;
+                    http.key_retention = Some(key_retention);
+                }
+            }
+        }
+        if let Some(reconciler) = &self.reconciler {
+            config.reconciler = reconciler.clone();
+        }
+        if let Some(configure) = self.configure {
+            configure(&mut config);
+        }
+        config
+    }
+}
+
+/// A reconciler that sweeps fast (tests wait on it).
+pub const FAST_RECONCILER: ReconcilerConfig = ReconcilerConfig {
+    sweep_interval: Duration::from_millis(200),
+    republish_after: Duration::from_secs(1),
+    stale_unknown_after: Duration::from_secs(1),
+    check_lease: Duration::from_secs(3),
+    recheck_delay: Duration::from_millis(200),
+    max_recheck_delay: Duration::from_secs(1),
+    ..ReconcilerConfig::DEFAULT
+};
 
 /// A fleet's shared pieces.
 #[derive(Debug)]
@@ -150,28 +217,9 @@ impl Fleet {
         Self::with(FleetOptions::default()).await
     }
 
-    /// A fleet with a provider timeout, a lease, and extra TOML appended to the config.
-    pub async fn with_tuning(timeout: &str, lease: &str, extra: &str) -> Fleet {
-        Self::with(FleetOptions {
-            timeout: timeout.into(),
-            lease: lease.into(),
-            extra: extra.into(),
-            ..FleetOptions::default()
-        })
-        .await
-    }
-
     /// A fleet from options.
     pub async fn with(o: FleetOptions) -> Fleet {
-        let FleetOptions {
-            timeout,
-            lease,
-            extra,
-            action_extra,
-            key_retention,
-            amqp_url,
-        } = o;
-        let amqp_url = amqp_url.unwrap_or_else(crate::amqp_url);
+        let amqp_url = o.amqp_url.clone().unwrap_or_else(crate::amqp_url);
         let db = TestDb::new().await;
         let sandbox =
             oncely_sandbox::spawn("127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")))
@@ -180,43 +228,16 @@ impl Fleet {
         let prefix = unique_name("t");
         let dir = std::env::temp_dir().join(&prefix);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-        let base = sandbox.base_url();
-        let mut toml = format!(
-            "database_url = \"{db}\"\n[broker]\nurl = \"{amqp}\"\nprefix = \"{prefix}\"\n[worker]\nprefetch = 64\nmax_in_flight = 32\nbatch = 32\ndb_connections = 4\n",
-            db = db.url,
-            amqp = amqp_url
-        );
-        for (action, provider, path, on_unknown) in [
-            (
-                "email.send",
-                "mail",
-                "/v1/emails",
-                "reconcile_then_retry_if_absent",
-            ),
-            (
-                "ticket.create",
-                "tickets",
-                "/v1/tickets",
-                "reconcile_then_retry_if_absent",
-            ),
-            (
-                "payment_order.create",
-                "bank",
-                "/v1/payment-orders",
-                "reconcile_then_review",
-            ),
-        ] {
-            toml.push_str(&format!(
-                "[actions.\"{action}\"]\nprovider = \"{provider}\"\nlease = \"{lease}\"\nretry_delay = \"200ms\"\non_unknown = \"{on_unknown}\"\n{action_extra}\n\
-                 [providers.{provider}]\nbase_url = \"{base}\"\nexecute_path = \"{path}\"\nlookup_path = \"{path}?idempotency_key={{key}}\"\n\
-                 lookup_by_reference_path = \"{path}?reference={{reference}}\"\nkey_retention = \"{key_retention}\"\nconnect_timeout = \"1s\"\ntimeout = \"{timeout}\"\n"
-            ));
-        }
-        toml.push_str(&extra);
+        let config = o.config(&db.url, &amqp_url, &prefix, &sandbox.base_url());
+        let toml = config
+            .to_toml()
+            .unwrap_or_else(|e| panic!("test config: {e}"));
         let config_path = dir.join("oncely.toml");
         std::fs::write(&config_path, &toml).unwrap_or_else(|e| panic!("{e}"));
-        let config = Config::from_toml(&toml, "test", std::iter::empty())
+        // What the spawned processes will load (and validate): the same config.
+        let loaded = Config::from_toml(&toml, "test", std::iter::empty())
             .unwrap_or_else(|e| panic!("test config: {e}"));
+        assert_eq!(loaded, config, "the written config reads back differently");
         let conn = oncely_core::topology::connect(&amqp_url, "oncely-test")
             .await
             .unwrap_or_else(|e| panic!("RabbitMQ: {e}"));

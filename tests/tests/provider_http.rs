@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncely_core::IdempotencyKey;
-use oncely_core::config::{Config, DEFAULT_CONFIG};
+use oncely_core::config::{Config, DEFAULT_CONFIG, ProviderConfig};
 use oncely_sandbox::{FaultMode, FaultRule, Faults, Provider as SandboxProvider, Sandbox};
 use oncely_worker::provider::{self, Call, HttpProvider, Outcome, Provider, Remote};
 use serde_json::{Map, Value, json};
@@ -458,12 +458,12 @@ async fn build_makes_one_provider_per_configured_name() -> Result {
 
     // Errors name the field.
     let bad = "[providers.bank]\nbase_url = \"http://127.0.0.1:1\"\nexecute_path = \"/x\"\nid_pointer = \"id\"\n";
-    let err = provider::build(&Config::from_toml(bad, "test", std::iter::empty())?)
+    let err = Config::from_toml(bad, "test", std::iter::empty())
         .expect_err("a bad pointer")
         .to_string();
     assert!(err.contains("providers.bank.id_pointer"), "{err}");
     let bad = "[providers.bank]\nbase_url = \"http://127.0.0.1:1\"\nexecute_path = \"/x\"\nidempotency_header = \"Bad Header\"\n";
-    let err = provider::build(&Config::from_toml(bad, "test", std::iter::empty())?)
+    let err = Config::from_toml(bad, "test", std::iter::empty())
         .expect_err("a bad header")
         .to_string();
     assert!(err.contains("providers.bank.idempotency_header"), "{err}");
@@ -511,7 +511,7 @@ async fn a_connect_that_hangs_is_not_sent() -> Result {
     // The whole-call timeout fires while still connecting (a config validation forbids,
     // but an adapter built directly allows): still provably not sent.
     let text = format!("[providers.bank]\nbase_url = \"{base}\"\nexecute_path = \"/x\"\n");
-    let mut config =
+    let ProviderConfig::Http(mut config) =
         Config::from_toml(&text, "test", std::iter::empty())?.providers["bank"].clone();
     config.connect_timeout = Duration::from_secs(30);
     config.timeout = Duration::from_millis(300);

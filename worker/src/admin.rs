@@ -370,7 +370,7 @@ pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
                 let retention = config
                     .providers
                     .get(&policy.provider)
-                    .and_then(|p| p.key_retention)
+                    .and_then(|p| p.key_retention())
                     .unwrap_or(Duration::ZERO);
                 if age < retention {
                     eprintln!(

@@ -133,8 +133,8 @@ async fn every_panel_and_alert_refers_to_real_series() {
     let fleet = Fleet::with(FleetOptions {
         timeout: "1s".into(),
         lease: "3s".into(),
-        extra: FAST_RECONCILER.into(),
-        action_extra: "max_reconcile_checks = 1".into(),
+        reconciler: Some(FAST_RECONCILER),
+        max_reconcile_checks: Some(1),
         ..FleetOptions::default()
     })
     .await;

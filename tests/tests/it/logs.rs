@@ -21,8 +21,8 @@ async fn no_payload_reaches_the_logs() {
     let fleet = Fleet::with(FleetOptions {
         timeout: "1s".into(),
         lease: "3s".into(),
-        extra: FAST_RECONCILER.into(),
-        action_extra: "max_reconcile_checks = 2".into(),
+        reconciler: Some(FAST_RECONCILER),
+        max_reconcile_checks: Some(2),
         ..FleetOptions::default()
     })
     .await;

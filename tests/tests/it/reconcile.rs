@@ -27,7 +27,7 @@ fn quick() -> FleetOptions {
     FleetOptions {
         timeout: "1s".into(),
         lease: "3s".into(),
-        extra: FAST_RECONCILER.into(),
+        reconciler: Some(FAST_RECONCILER),
         ..FleetOptions::default()
     }
 }
@@ -174,7 +174,7 @@ async fn a_killed_worker_is_swept_to_unknown_and_reconciled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_lookup_a_person_decides_and_retry_means_one_more_attempt() {
     let fleet = Fleet::with(FleetOptions {
-        action_extra: "max_reconcile_checks = 2".into(),
+        max_reconcile_checks: Some(2),
         ..quick()
     })
     .await;

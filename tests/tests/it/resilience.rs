@@ -5,6 +5,7 @@
 //! processes survived (or, for SIGTERM, exited cleanly).
 
 use oncely_core::Intent;
+use oncely_core::config::ReconcilerConfig;
 use oncely_producer::{Enqueued, Producer, ProducerError};
 use oncely_tests::eventually;
 use oncely_tests::fleet::{FAST_RECONCILER, Fleet, FleetOptions, Proc, secret};
@@ -134,7 +135,7 @@ async fn broker_connections_closed_and_restarted_mid_run() {
     let broker = PrivateBroker::start().await;
     let fleet = Fleet::with(FleetOptions {
         amqp_url: Some(broker.url()),
-        extra: FAST_RECONCILER.into(),
+        reconciler: Some(FAST_RECONCILER),
         ..FleetOptions::default()
     })
     .await;
@@ -202,7 +203,7 @@ async fn postgres_backends_terminated_mid_run() {
     let fleet = Fleet::with(FleetOptions {
         timeout: "2s".into(),
         lease: "10s".into(),
-        extra: FAST_RECONCILER.into(),
+        reconciler: Some(FAST_RECONCILER),
         ..FleetOptions::default()
     })
     .await;
@@ -250,7 +251,10 @@ async fn postgres_backends_terminated_mid_run() {
 
 /// A reconciler that sweeps fast but does not republish `planned` rows within a test's
 /// life: what the broker holds must be enough.
-const NO_REPUBLISH_RECONCILER: &str = "[reconciler]\nsweep_interval = \"200ms\"\nrepublish_after = \"1h\"\nstale_unknown_after = \"1s\"\ncheck_lease = \"3s\"\nrecheck_delay = \"200ms\"\nmax_recheck_delay = \"1s\"\n";
+const NO_REPUBLISH_RECONCILER: ReconcilerConfig = ReconcilerConfig {
+    republish_after: Duration::from_secs(3600),
+    ..FAST_RECONCILER
+};
 
 /// SIGTERM in the middle of a run: the worker stops intake, hands buffered deliveries
 /// back, lets in-flight calls finish and commit, and exits 0. A new worker (and a
@@ -261,7 +265,7 @@ const NO_REPUBLISH_RECONCILER: &str = "[reconciler]\nsweep_interval = \"200ms\"\
 async fn sigterm_mid_run_exits_zero_loses_nothing_and_executes_nothing_twice() {
     let fleet = Fleet::with(FleetOptions {
         lease: "10s".into(),
-        extra: NO_REPUBLISH_RECONCILER.into(),
+        reconciler: Some(NO_REPUBLISH_RECONCILER),
         ..FleetOptions::default()
     })
     .await;

@@ -22,7 +22,7 @@ use hyper::{Method, Request, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use oncely_core::config::{ConfigError, ProviderConfig};
+use oncely_core::config::{ConfigError, HttpProviderConfig};
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Call, Capabilities, Outcome, Provider, Remote};
@@ -69,7 +69,11 @@ enum Exchange {
 
 impl HttpProvider {
     /// An adapter for `[providers.NAME]`; errors name the field.
-    pub fn new(name: &str, config: &ProviderConfig) -> Result<Self, ConfigError> {
+    ///
+    /// The field checks are [`HttpProviderConfig::validate`]'s, run when the config is
+    /// loaded; this only converts what needs the HTTP stack (URLs, the header name).
+    /// Built directly from a config that skipped them, an adapter still never panics.
+    pub fn new(name: &str, config: &HttpProviderConfig) -> Result<Self, ConfigError> {
         let field = |f: &str| format!("providers.{name}.{f}");
         let invalid = |f: &str, problem: String| ConfigError::Invalid {
             field: field(f),
@@ -105,12 +109,6 @@ impl HttpProvider {
             if template.is_empty() {
                 continue;
             }
-            if !template.starts_with('/') || !template.contains(placeholder) {
-                return Err(invalid(
-                    f,
-                    format!("must start with '/' and contain {placeholder}"),
-                ));
-            }
             let sample = format!(
                 "{base}{}",
                 template.replace(placeholder, &percent_encode("v1:sample"))
@@ -119,18 +117,6 @@ impl HttpProvider {
                 .parse::<Uri>()
                 .map_err(|e| invalid(f, format!("does not make a URL with base_url: {e}")))?;
         }
-        for (f, pointer) in [
-            ("reference_pointer", &config.reference_pointer),
-            ("id_pointer", &config.id_pointer),
-            ("status_pointer", &config.status_pointer),
-        ] {
-            if !pointer.starts_with('/') {
-                return Err(invalid(
-                    f,
-                    format!("{pointer:?} is not a JSON pointer (it must start with '/')"),
-                ));
-            }
-        }
         let key_header = HeaderName::from_bytes(config.idempotency_header.trim().as_bytes())
             .map_err(|_| {
                 invalid(
@@ -138,18 +124,6 @@ impl HttpProvider {
                     format!("{:?} is not a valid header name", config.idempotency_header),
                 )
             })?;
-        if config.succeeded_values.is_empty() {
-            return Err(invalid(
-                "succeeded_values",
-                "must list at least one status".into(),
-            ));
-        }
-        if config.timeout.is_zero() || config.connect_timeout.is_zero() {
-            return Err(invalid(
-                "timeout",
-                "timeout and connect_timeout must be above zero".into(),
-            ));
-        }
 
         let mut connector = HttpConnector::new();
         connector.enforce_http(true);

@@ -85,7 +85,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use oncely_core::config::{Config, ConfigError};
+use oncely_core::config::{Config, ConfigError, ProviderConfig};
 
 mod http;
 
@@ -192,19 +192,13 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     fn lookup<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Remote>;
 }
 
-/// Providers by name, built from the config (errors name the field, e.g.
-/// "providers.bank.base_url: …").
+/// Providers by name, built from the config: one adapter per `[providers.NAME]`, chosen
+/// by its `kind` (errors name the field, e.g. "providers.bank.base_url: …").
 pub fn build(config: &Config) -> Result<BTreeMap<String, Arc<dyn Provider>>, ConfigError> {
     let mut providers: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
     for (name, p) in &config.providers {
-        let provider: Arc<dyn Provider> = match p.kind.as_str() {
-            "http" => Arc::new(HttpProvider::new(name, p)?),
-            other => {
-                return Err(ConfigError::Invalid {
-                    field: format!("providers.{name}.kind"),
-                    problem: format!("unknown adapter kind {other:?}; supported: \"http\""),
-                });
-            }
+        let provider: Arc<dyn Provider> = match p {
+            ProviderConfig::Http(http) => Arc::new(HttpProvider::new(name, http)?),
         };
         providers.insert(name.clone(), provider);
     }

@@ -120,7 +120,7 @@ async fn call(ctx: &Context, v: Valid, claim: Claim, claimed_at: Instant) -> Fin
         .config
         .providers
         .get(&policy.provider)
-        .map_or(Duration::from_secs(5), |p| p.timeout);
+        .map_or(Duration::from_secs(5), |p| p.timeout());
     let outcome = if claimed_at.elapsed() + timeout + Duration::from_secs(1) >= policy.lease {
         tracing::warn!(key = %env.key, attempt = claim.attempt, "lease too close to its end to call the provider; not sent");
         Outcome::NotSent {

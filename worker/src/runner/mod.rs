@@ -90,7 +90,7 @@ async fn drain(
         .config
         .providers
         .values()
-        .map(|p| p.timeout)
+        .map(|p| p.timeout())
         .max()
         .unwrap_or(Duration::from_secs(5))
         + Duration::from_secs(2);

@@ -1,0 +1,228 @@
+//! `kind = "http"`: the config of the generic HTTP/JSON adapter, and its validation.
+//!
+//! Why the type lives in core while the adapter lives in the worker: the producer and
+//! the admin tools load the same file and need the provider's timeout and key
+//! retention, but must not link an HTTP client. Everything this adapter requires of its
+//! fields is checked here, when the file is loaded, so that a fleet with a bad provider
+//! refuses to start with a message naming the field; the adapter itself then only
+//! converts (URLs, header names) what is already known to be well formed.
+
+use crate::config::duration::{human, human_opt};
+use crate::config::error::{ConfigError, invalid};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// A provider behind the generic HTTP/JSON adapter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpProviderConfig {
+    /// `http://host:port` of the provider (TLS is terminated by a sidecar).
+    pub base_url: String,
+    /// Path to POST the payload to.
+    pub execute_path: String,
+    /// Lookup by key: a path with `{key}` (percent-encoded). Empty: no lookup by key.
+    #[serde(default)]
+    pub lookup_path: String,
+    /// Lookup by business reference: a path with `{reference}`. Empty: none.
+    #[serde(default)]
+    pub lookup_by_reference_path: String,
+    /// JSON pointer to the business reference inside the payload.
+    #[serde(default = "default_reference_pointer")]
+    pub reference_pointer: String,
+    /// Header carrying the idempotency key.
+    #[serde(default = "default_key_header")]
+    pub idempotency_header: String,
+    /// JSON pointer to the provider's id in its answers.
+    #[serde(default = "default_id_pointer")]
+    pub id_pointer: String,
+    /// JSON pointer to the status in lookup answers.
+    #[serde(default = "default_status_pointer")]
+    pub status_pointer: String,
+    /// Lookup status strings meaning "done".
+    #[serde(default = "default_succeeded_values")]
+    pub succeeded_values: Vec<String>,
+    /// Lookup status strings meaning "rejected".
+    #[serde(default = "default_rejected_values")]
+    pub rejected_values: Vec<String>,
+    /// TCP connect timeout (a failure here is "not sent").
+    #[serde(default = "default_connect_timeout", with = "human")]
+    pub connect_timeout: Duration,
+    /// Whole-request timeout (a timeout after connecting is "unknown").
+    #[serde(default = "default_timeout", with = "human")]
+    pub timeout: Duration,
+    /// Whether the provider deduplicates by the idempotency key.
+    #[serde(default = "default_true")]
+    pub honours_key: bool,
+    /// How long the provider remembers keys (from the first attempt); absent: unknown.
+    #[serde(default, with = "human_opt", skip_serializing_if = "Option::is_none")]
+    pub key_retention: Option<Duration>,
+    /// Whether a 404 from lookup proves the effect never happened.
+    #[serde(default)]
+    pub absence_authoritative: bool,
+}
+
+fn default_reference_pointer() -> String {
+    "/business_reference".into()
+}
+fn default_key_header() -> String {
+    "Idempotency-Key".into()
+}
+fn default_id_pointer() -> String {
+    "/id".into()
+}
+fn default_status_pointer() -> String {
+    "/status".into()
+}
+fn default_succeeded_values() -> Vec<String> {
+    vec!["succeeded".into()]
+}
+fn default_rejected_values() -> Vec<String> {
+    vec!["rejected".into(), "failed".into()]
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_true() -> bool {
+    true
+}
+
+impl HttpProviderConfig {
+    /// A provider at `base_url` that takes calls at `execute_path`, with no lookups and
+    /// every other field at its default (the same defaults a file gets).
+    pub fn new(base_url: impl Into<String>, execute_path: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            execute_path: execute_path.into(),
+            lookup_path: String::new(),
+            lookup_by_reference_path: String::new(),
+            reference_pointer: default_reference_pointer(),
+            idempotency_header: default_key_header(),
+            id_pointer: default_id_pointer(),
+            status_pointer: default_status_pointer(),
+            succeeded_values: default_succeeded_values(),
+            rejected_values: default_rejected_values(),
+            connect_timeout: default_connect_timeout(),
+            timeout: default_timeout(),
+            honours_key: default_true(),
+            key_retention: None,
+            absence_authoritative: false,
+        }
+    }
+
+    /// Every field is usable by the adapter; errors name the field under `at`
+    /// (`providers.NAME`).
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        let f = |x: &str| format!("{at}.{x}");
+        let host = self.base_url.trim().strip_prefix("http://").unwrap_or("");
+        if host.trim_end_matches('/').is_empty() || host.contains(['?', '#']) {
+            return Err(invalid(
+                f("base_url"),
+                "must be http://host[:port] without a query (TLS is terminated by a sidecar)",
+            ));
+        }
+        if !self.execute_path.starts_with('/') {
+            return Err(invalid(f("execute_path"), "must start with '/'"));
+        }
+        for (field, template, placeholder) in [
+            ("lookup_path", &self.lookup_path, "{key}"),
+            (
+                "lookup_by_reference_path",
+                &self.lookup_by_reference_path,
+                "{reference}",
+            ),
+        ] {
+            if !template.is_empty()
+                && (!template.starts_with('/') || !template.contains(placeholder))
+            {
+                return Err(invalid(
+                    f(field),
+                    format!("must start with '/' and contain {placeholder}"),
+                ));
+            }
+        }
+        for (field, pointer) in [
+            ("reference_pointer", &self.reference_pointer),
+            ("id_pointer", &self.id_pointer),
+            ("status_pointer", &self.status_pointer),
+        ] {
+            if !pointer.starts_with('/') {
+                return Err(invalid(
+                    f(field),
+                    format!("{pointer:?} is not a JSON pointer (it must start with '/')"),
+                ));
+            }
+        }
+        if !is_header_name(self.idempotency_header.trim()) {
+            return Err(invalid(
+                f("idempotency_header"),
+                format!("{:?} is not a valid header name", self.idempotency_header),
+            ));
+        }
+        if self.succeeded_values.is_empty() {
+            return Err(invalid(
+                f("succeeded_values"),
+                "must list at least one status",
+            ));
+        }
+        if self.connect_timeout.is_zero() || self.timeout < self.connect_timeout {
+            return Err(invalid(
+                f("timeout"),
+                "must be at least connect_timeout, and both above zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An HTTP field name: one or more token characters (RFC 9110 §5.1).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_is_valid_and_each_bad_field_is_named() {
+        let good = HttpProviderConfig::new("http://127.0.0.1:8085/", "/v1/x");
+        good.validate("providers.p").expect("valid");
+        type Break = fn(&mut HttpProviderConfig);
+        let cases: &[(Break, &str)] = &[
+            (|c| c.base_url = "https://x".into(), "base_url"),
+            (|c| c.base_url = "http://".into(), "base_url"),
+            (|c| c.base_url = "http://x/?a=1".into(), "base_url"),
+            (|c| c.execute_path = "v1/x".into(), "execute_path"),
+            (|c| c.lookup_path = "/v1/x".into(), "lookup_path"),
+            (
+                |c| c.lookup_by_reference_path = "v1/{reference}".into(),
+                "lookup_by_reference_path",
+            ),
+            (|c| c.id_pointer = "id".into(), "id_pointer"),
+            (|c| c.status_pointer = String::new(), "status_pointer"),
+            (|c| c.reference_pointer = "ref".into(), "reference_pointer"),
+            (
+                |c| c.idempotency_header = "Bad Header".into(),
+                "idempotency_header",
+            ),
+            (|c| c.succeeded_values.clear(), "succeeded_values"),
+            (|c| c.connect_timeout = Duration::ZERO, "timeout"),
+            (|c| c.timeout = Duration::from_millis(500), "timeout"),
+        ];
+        for (i, (break_it, field)) in cases.iter().enumerate() {
+            let mut c = good.clone();
+            break_it(&mut c);
+            let err = c.validate("providers.p").expect_err(field).to_string();
+            assert!(
+                err.contains(&format!("`providers.p.{field}`")),
+                "case {i}: {err:?} should name {field}"
+            );
+        }
+    }
+}
