@@ -582,3 +582,21 @@ async fn a_purge_between_claim_and_read_claims_the_delivery_anew() {
         "the old trail went with the purge: {events:?}"
     );
 }
+
+/// `lease_until` means one thing per status; the schema says where that is written down.
+#[tokio::test]
+async fn the_lease_until_column_points_to_its_one_definition() {
+    let db = TestDb::new().await;
+    let comment: Option<String> = sqlx::query_scalar(
+        "SELECT col_description('agent_operations'::regclass, attnum) FROM pg_attribute \
+         WHERE attrelid = 'agent_operations'::regclass AND attname = 'lease_until'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("catalog");
+    let comment = comment.expect("a comment on agent_operations.lease_until");
+    assert!(comment.contains("Operation::lease_until"), "{comment}");
+    for status in ["executing", "failed_retryable", "unknown"] {
+        assert!(comment.contains(status), "{status} missing: {comment}");
+    }
+}
