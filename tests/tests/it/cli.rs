@@ -190,21 +190,18 @@ async fn processes_refuse_a_database_not_migrated_to_their_version() {
         ("DATABASE_URL", url.as_str()),
         ("ONCELY_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f"),
     ];
-    let refuses = |args: &'static [&'static str], found: String| {
-        let env = env;
-        async move {
-            let (code, _, err) = tokio::time::timeout(
-                Duration::from_secs(60),
-                run("oncely-worker", args, &env, ""),
-            )
-            .await
-            .unwrap_or_else(|_| panic!("{args:?} kept running on an unmigrated database"));
-            assert_ne!(code, 0, "{args:?}: {err}");
-            let want = format!(
-                "database schema is at version {found}, this binary needs {needed}: run `oncely-worker migrate`"
-            );
-            assert!(err.contains(&want), "{args:?}: {err}");
-        }
+    let refuses = |args: &'static [&'static str], found: String| async move {
+        let (code, _, err) = tokio::time::timeout(
+            Duration::from_secs(60),
+            run("oncely-worker", args, &env, ""),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} kept running on an unmigrated database"));
+        assert_ne!(code, 0, "{args:?}: {err}");
+        let want = format!(
+            "database schema is at version {found}, this binary needs {needed}: run `oncely-worker migrate`"
+        );
+        assert!(err.contains(&want), "{args:?}: {err}");
     };
     refuses(&["run"], "none".into()).await;
     refuses(&["reconcile"], "none".into()).await;
