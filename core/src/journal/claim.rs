@@ -21,7 +21,7 @@
 //!
 //! A row that a purge deletes between the statement and the read of the rows it did not
 //! claim is claimed again, like a delivery arriving after the purge (the rule is written
-//! once, at [`super::record`]'s `PURGE_RACE_ROUNDS`).
+//! once, at [`super::record::PURGE_RACE_ROUNDS`]).
 
 use super::operation::Operation;
 use super::record::{Columns, PURGE_RACE_ROUNDS, purged_meanwhile};

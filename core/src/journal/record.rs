@@ -3,7 +3,8 @@
 //! `INSERT … 'planned' … ON CONFLICT DO NOTHING` for the whole batch in one statement,
 //! then one read of the keys that already existed: the same action type and payload
 //! hash is a *duplicate* (report its status and saved result); anything else is a
-//! *conflict* — an error, never a retry, and the row is left untouched.
+//! *conflict* — an error, never a retry, and the row is left untouched. A row a purge
+//! deletes between the two statements is recorded again ([`PURGE_RACE_ROUNDS`]).
 
 use super::operation::{Operation, select_operations};
 use super::{Journal, JournalError};
@@ -23,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 /// neither fails the batch. A second purge of the same key within one call would need a
 /// fresh row to become terminal and old between two statements; past this many rounds
 /// the call fails with a retryable error rather than loop.
-pub(crate) const PURGE_RACE_ROUNDS: usize = 3;
+pub const PURGE_RACE_ROUNDS: usize = 3;
 
 /// The error when [`PURGE_RACE_ROUNDS`] did not settle every key: retryable.
 pub(crate) fn purged_meanwhile() -> JournalError {
