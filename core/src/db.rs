@@ -1,8 +1,12 @@
-//! Connecting to Postgres, creating the database, applying migrations.
+//! Connecting to Postgres, creating the database, applying migrations, checking the
+//! schema version.
 //!
 //! Errors name the server and database but never echo the URL, which may hold a
 //! password. The migrations in `migrations/` are embedded at compile time, so a binary
-//! always carries exactly the schema it was written for.
+//! always carries exactly the schema it was written for. Only `oncely-worker migrate`
+//! (and test, demo and bench set-up) applies them: a worker, reconciler or admin process
+//! needs no DDL rights; it checks at start that the database is at its version
+//! ([`connect_checked`]) and refuses to run otherwise.
 
 use sqlx::migrate::{MigrateDatabase, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -34,6 +38,14 @@ pub enum DbError {
         target: String,
         /// The driver's error.
         source: sqlx::Error,
+    },
+    /// The database's schema is not the one this binary was built for.
+    #[error("{}", schema_message(.found, .needed))]
+    Schema {
+        /// The newest migration applied, if any.
+        found: Option<i64>,
+        /// The newest migration this binary carries.
+        needed: i64,
     },
     /// A migration failed.
     #[error("migrating {target} failed: {source}")]
@@ -122,8 +134,61 @@ pub async fn migrate(pool: &PgPool, url_for_messages: &str) -> Result<(), DbErro
     })
 }
 
-/// Create if missing, connect and migrate: what `oncely-worker migrate` and every
-/// process start do.
+/// The newest migration embedded in this binary (0 if it carries none).
+pub fn needed_version() -> i64 {
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+fn schema_message(found: &Option<i64>, needed: &i64) -> String {
+    let at = found.map_or_else(|| "none".to_owned(), |v| v.to_string());
+    match found {
+        Some(f) if f > needed => format!(
+            "database schema is at version {at}, newer than this binary's {needed}: run a binary built for it"
+        ),
+        _ => format!(
+            "database schema is at version {at}, this binary needs {needed}: run `oncely-worker migrate`"
+        ),
+    }
+}
+
+/// The newest successfully applied migration (`None`: none, or no migrations table).
+pub async fn schema_version(pool: &PgPool) -> Result<Option<i64>, sqlx::Error> {
+    let table: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !table {
+        return Ok(None);
+    }
+    sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+        .fetch_one(pool)
+        .await
+}
+
+/// Fail with [`DbError::Schema`] unless the database is at this binary's version.
+pub async fn check_schema(pool: &PgPool, url_for_messages: &str) -> Result<(), DbError> {
+    let found = schema_version(pool)
+        .await
+        .map_err(|source| DbError::Connect {
+            target: describe(url_for_messages),
+            source,
+        })?;
+    let needed = needed_version();
+    if found == Some(needed) {
+        Ok(())
+    } else {
+        Err(DbError::Schema { found, needed })
+    }
+}
+
+/// Connect a pool and check the schema version: how every process but `migrate` starts.
+pub async fn connect_checked(url: &str, settings: &PoolSettings) -> Result<PgPool, DbError> {
+    let pool = connect(url, settings).await?;
+    check_schema(&pool, url).await?;
+    Ok(pool)
+}
+
+/// Create if missing, connect and migrate: what `oncely-worker migrate` does, and what
+/// test, demo and bench set-up do on their throwaway databases.
 pub async fn prepare(url: &str, settings: &PoolSettings) -> Result<PgPool, DbError> {
     create_if_missing(url).await?;
     let pool = connect(url, settings).await?;
@@ -196,6 +261,26 @@ mod tests {
             "postgres://u@h:5/x?sslmode=require"
         );
         assert_eq!(database_url("postgres://u@h:5", "x"), "postgres://u@h:5/x");
+    }
+
+    #[test]
+    fn schema_errors_say_what_to_do() {
+        let needed = needed_version();
+        let none = DbError::Schema {
+            found: None,
+            needed,
+        };
+        assert_eq!(
+            none.to_string(),
+            format!(
+                "database schema is at version none, this binary needs {needed}: run `oncely-worker migrate`"
+            )
+        );
+        let newer = DbError::Schema {
+            found: Some(needed + 1),
+            needed,
+        };
+        assert!(newer.to_string().contains("newer than this binary"));
     }
 
     #[test]

@@ -119,7 +119,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Status { key, json } => {
             let key = IdempotencyKey::parse(&key)?;
             let config = Config::load(cli.config.as_deref())?;
-            let pool = oncely_core::db::connect(&config.database_url, &Default::default()).await?;
+            let pool =
+                oncely_core::db::connect_checked(&config.database_url, &Default::default()).await?;
             let journal = oncely_core::journal::Journal::new(pool);
             match journal.get(&key).await? {
                 None => {

@@ -73,10 +73,10 @@ pub struct Producer {
 }
 
 impl Producer {
-    /// Connect to Postgres (migrated by the workers or `oncely-worker migrate`) and
-    /// RabbitMQ, and declare the topology for the configured actions.
+    /// Connect to Postgres (migrated by `oncely-worker migrate` to this version: checked)
+    /// and RabbitMQ, and declare the topology for the configured actions.
     pub async fn connect(config: &Config, secret: KeySecret) -> Result<Self, ProducerError> {
-        let pool = oncely_core::db::connect(
+        let pool = oncely_core::db::connect_checked(
             &config.database_url,
             &oncely_core::db::PoolSettings::default(),
         )

@@ -140,7 +140,7 @@ fn short_time(t: chrono::DateTime<chrono::Utc>) -> String {
 
 /// Run an admin command; returns the exit code.
 pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
-    let pool = oncely_core::db::connect(
+    let pool = oncely_core::db::connect_checked(
         &config.database_url,
         &oncely_core::db::PoolSettings {
             max_connections: 2,

@@ -73,19 +73,20 @@ pub fn load_config(path: Option<&std::path::Path>, only: &[String]) -> anyhow::R
     Ok(config)
 }
 
-/// Connect (creating and migrating the database) and build a process context.
+/// Connect, check that the database is at this binary's schema version (only `migrate`
+/// changes it), and build a process context.
 pub async fn context(config: Config, role: &str) -> anyhow::Result<Context> {
     let settings = PoolSettings {
         max_connections: config.worker.db_connections,
         ..PoolSettings::default()
     };
-    // The database may be starting, or a connection may be cut mid-migration: retry for a
-    // while (a bad URL fails at once) rather than exit on the first hiccup.
+    // The database may be starting: retry for a while rather than exit on the first
+    // hiccup. A bad URL or a schema at another version fails at once.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let pool = loop {
-        match db::prepare(&config.database_url, &settings).await {
+        match db::connect_checked(&config.database_url, &settings).await {
             Ok(pool) => break pool,
-            Err(e @ db::DbError::BadUrl(_)) => return Err(e.into()),
+            Err(e @ (db::DbError::BadUrl(_) | db::DbError::Schema { .. })) => return Err(e.into()),
             Err(e) if std::time::Instant::now() < deadline => {
                 tracing::warn!(error = %e, "database not ready; retrying");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -19,7 +19,8 @@
 //! The sweeper runs in every reconciler on a timer, in `SKIP LOCKED` batches: expired
 //! leases → `unknown` → reconcile queue; `planned` rows nobody claimed and due
 //! `failed_retryable` rows → published again; unknowns with no check for a while →
-//! checked here. It also sets the backlog gauges.
+//! taken and checked here, in background tasks beside the passes, so a slow provider
+//! never delays lease expiry. It also sets the backlog gauges.
 
 use crate::broker::Session;
 use crate::context::Context;
@@ -134,7 +135,12 @@ pub async fn reconcile(
     let Some(op) = ctx.journal.take_unknown(key, rc.check_lease).await? else {
         return Ok(Decision::NotTaken);
     };
-    let decision = decide_one(ctx, publisher, &op).await?;
+    check(ctx, publisher, &op).await
+}
+
+/// Decide an unknown this reconciler has taken (asking the provider), and count it.
+async fn check(ctx: &Context, publisher: &Publisher, op: &Operation) -> anyhow::Result<Decision> {
+    let decision = decide_one(ctx, publisher, op).await?;
     metrics::counter!(m::RECONCILE_DECISIONS, "action_type" => op.action_type.clone(), "decision" => decision.label()).increment(1);
     tracing::info!(key = %op.key, action_type = %op.action_type, workflow = %op.workflow_id, attempt = op.attempt_count, checks = op.reconcile_checks, decision = decision.label(), "reconciled");
     Ok(decision)
@@ -299,11 +305,15 @@ async fn review(
     Ok(Decision::Review)
 }
 
-/// The sweeper's loop: one pass every `sweep_interval`, at once again while batches are full.
+/// The sweeper's loop: one pass every `sweep_interval`, at once again while batches are
+/// full. The provider lookups of stale unknowns run beside the passes, in `checks`, never
+/// inside one: a slow provider must not hold back lease expiry or republishing. Aborting
+/// the loop aborts them (a taken unknown is due again after `check_lease`).
 async fn sweep_loop(ctx: Context, publisher: Publisher, mut shutdown: Shutdown) {
     let interval = ctx.config.reconciler.sweep_interval;
+    let mut checks = StaleChecks::new(ctx.config.reconciler.concurrency);
     loop {
-        let full = match sweep_once(&ctx, &publisher).await {
+        let full = match sweep_once(&ctx, &publisher, &mut checks).await {
             Ok(full) => full,
             Err(e) => {
                 tracing::warn!(error = %e, "sweep failed; trying again next interval");
@@ -321,8 +331,71 @@ async fn sweep_loop(ctx: Context, publisher: Publisher, mut shutdown: Shutdown) 
     }
 }
 
-/// One sweep. Returns whether any batch was full (more work is waiting).
-pub async fn sweep_once(ctx: &Context, publisher: &Publisher) -> anyhow::Result<bool> {
+/// Stale unknowns being checked by the sweeper, at most `most` at once (beside the
+/// reconcile queue's own `concurrency`).
+struct StaleChecks {
+    running: tokio::task::JoinSet<()>,
+    most: usize,
+}
+
+impl StaleChecks {
+    fn new(most: usize) -> Self {
+        Self {
+            running: tokio::task::JoinSet::new(),
+            most,
+        }
+    }
+
+    /// How many more checks may start now (finished ones are reaped first).
+    fn room(&mut self) -> usize {
+        while self.running.try_join_next().is_some() {}
+        self.most.saturating_sub(self.running.len())
+    }
+
+    /// Take as many stale unknowns as there is room for (one statement) and start their
+    /// checks. Returns whether the batch was full.
+    async fn take_and_start(
+        &mut self,
+        ctx: &Context,
+        publisher: &Publisher,
+    ) -> anyhow::Result<bool> {
+        let rc = &ctx.config.reconciler;
+        let room = i64::try_from(self.room()).unwrap_or(i64::MAX).min(rc.batch);
+        if room == 0 {
+            return Ok(false);
+        }
+        let stale = ctx
+            .journal
+            .take_stale_unknowns(rc.stale_unknown_after, rc.check_lease, room)
+            .await?;
+        let full = stale.len() as i64 == rc.batch;
+        for op in stale {
+            self.start(ctx, publisher, op);
+        }
+        Ok(full)
+    }
+
+    /// Ask the provider about a taken unknown and decide, in the background.
+    fn start(&mut self, ctx: &Context, publisher: &Publisher, op: Operation) {
+        let (ctx, publisher) = (ctx.clone(), publisher.clone());
+        self.running.spawn(async move {
+            metrics::counter!(m::SWEEPER_ACTIONS, "action" => "unknown_rechecked").increment(1);
+            if let Err(e) = check(&ctx, &publisher, &op).await {
+                tracing::warn!(key = %op.key, error = %e, "re-check failed");
+            }
+        });
+    }
+}
+
+/// One sweep: expire leases, republish, take stale unknowns and start their checks
+/// (without waiting for them), set the gauges. Returns whether any batch was full (more
+/// work is waiting). About 70 lines: the expiry and republish passes stay inline until
+/// the reconcile message and `publish`'s arguments get their types.
+async fn sweep_once(
+    ctx: &Context,
+    publisher: &Publisher,
+    checks: &mut StaleChecks,
+) -> anyhow::Result<bool> {
     let rc = &ctx.config.reconciler;
     let mut full = false;
 
@@ -377,19 +450,14 @@ pub async fn sweep_once(ctx: &Context, publisher: &Publisher) -> anyhow::Result<
         }
     }
 
-    let stale = ctx
-        .journal
-        .due_unknowns(rc.stale_unknown_after, rc.batch)
-        .await?;
-    full |= stale.len() as i64 == rc.batch;
-    for key in &stale {
-        metrics::counter!(m::SWEEPER_ACTIONS, "action" => "unknown_rechecked").increment(1);
-        if let Err(e) = reconcile(ctx, publisher, key).await {
-            tracing::warn!(key = %key, error = %e, "re-check failed");
-        }
-    }
+    full |= checks.take_and_start(ctx, publisher).await?;
+    set_gauges(ctx).await?;
+    Ok(full)
+}
 
-    // Every status gets a value (0 too), or an emptied status would keep its last one.
+/// The backlog gauges. Every status gets a value (0 too), or an emptied status would
+/// keep its last one.
+async fn set_gauges(ctx: &Context) -> anyhow::Result<()> {
     let counts: std::collections::HashMap<String, i64> =
         ctx.journal.status_counts().await?.into_iter().collect();
     for s in Status::ALL {
@@ -397,5 +465,5 @@ pub async fn sweep_once(ctx: &Context, publisher: &Publisher) -> anyhow::Result<
             .set(counts.get(s.as_str()).copied().unwrap_or(0) as f64);
     }
     metrics::gauge!(m::REVIEWS_OPEN).set(ctx.journal.open_review_count().await? as f64);
-    Ok(full)
+    Ok(())
 }

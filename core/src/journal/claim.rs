@@ -18,9 +18,13 @@
 //! `executing` is deliberately absent from the claimable statuses: an expired lease
 //! means a worker may have died mid-call, which is an *unknown*, and only the sweeper
 //! (via `unknown` and the reconciler) may move it on.
+//!
+//! A row that a purge deletes between the statement and the read of the rows it did not
+//! claim is claimed again, like a delivery arriving after the purge (the rule is written
+//! once, at [`super::record::PURGE_RACE_ROUNDS`]).
 
 use super::operation::Operation;
-use super::record::Columns;
+use super::record::{Columns, PURGE_RACE_ROUNDS, purged_meanwhile};
 use super::{Journal, JournalError};
 use crate::intent::Envelope;
 use crate::keys::IdempotencyKey;
@@ -92,17 +96,58 @@ impl Journal {
         requests: &[ClaimRequest<'_>],
         owner: &str,
     ) -> Result<Vec<ClaimOutcome>, JournalError> {
+        self.claim_with(requests, owner, || async {}).await
+    }
+
+    /// [`Journal::claim`], awaiting `between` after each claim statement and before the
+    /// read of the rows it did not claim: the one window in which a purge can delete such
+    /// a row. A key whose row vanished there is claimed again, as if the delivery had
+    /// arrived after the purge (see [`PURGE_RACE_ROUNDS`]). Tests pass a purge as
+    /// `between` to provoke that race; `claim` passes nothing.
+    pub async fn claim_with<F, Fut>(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        owner: &str,
+        mut between: F,
+    ) -> Result<Vec<ClaimOutcome>, JournalError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         debug_assert!(transition(Some(Status::Planned), Status::Executing) == Some(Move::Claim));
         debug_assert!(
             transition(Some(Status::FailedRetryable), Status::Executing) == Some(Move::Claim)
         );
-        if requests.is_empty() {
-            return Ok(Vec::new());
+        let mut out: Vec<Option<ClaimOutcome>> = vec![None; requests.len()];
+        let mut todo: Vec<usize> = (0..requests.len()).collect();
+        for _ in 0..PURGE_RACE_ROUNDS {
+            if todo.is_empty() {
+                break;
+            }
+            let claimed = self.claim_statement(requests, &todo, owner).await?;
+            between().await;
+            todo = self
+                .read_not_claimed(requests, todo, claimed, &mut out)
+                .await?;
         }
-        let mut first: HashMap<&str, usize> = HashMap::with_capacity(requests.len());
+        out.into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(purged_meanwhile)
+    }
+
+    /// The one statement, for the first occurrence of each key among `todo`; returns the
+    /// won claims by index (into `requests`).
+    async fn claim_statement(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        todo: &[usize],
+        owner: &str,
+    ) -> Result<HashMap<usize, Claim>, JournalError> {
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity(todo.len());
         let mut cols = Columns::default();
-        let mut leases: Vec<f64> = Vec::with_capacity(requests.len());
-        for (i, r) in requests.iter().enumerate() {
+        let mut leases: Vec<f64> = Vec::with_capacity(todo.len());
+        for &i in todo {
+            let r = &requests[i];
             if let std::collections::hash_map::Entry::Vacant(v) =
                 first.entry(r.envelope.key.as_str())
             {
@@ -140,7 +185,7 @@ impl Journal {
         .bind(owner)
         .fetch_all(&self.pool)
         .await?;
-        let mut claimed: HashMap<String, Claim> = HashMap::with_capacity(rows.len());
+        let mut claimed: HashMap<usize, Claim> = HashMap::with_capacity(rows.len());
         for row in rows {
             let key: String = row.try_get(0)?;
             let claim = Claim {
@@ -149,37 +194,47 @@ impl Journal {
                 lease_until: row.try_get(2)?,
                 first_attempt_at: row.try_get(3)?,
             };
-            claimed.insert(key, claim);
+            if let Some(&i) = first.get(key.as_str()) {
+                claimed.insert(i, claim);
+            }
         }
+        Ok(claimed)
+    }
 
-        let won = |i: usize, key: &str| claimed.contains_key(key) && first[key] == i;
-        let to_read: Vec<String> = requests
+    /// Fill `out` for `todo`: the won claims, and for the rest the row as it is now with
+    /// why it was not claimed (one read for all of them). Returns the indices whose row
+    /// vanished before the read (purged meanwhile), to be claimed again.
+    async fn read_not_claimed(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        todo: Vec<usize>,
+        mut claimed: HashMap<usize, Claim>,
+        out: &mut [Option<ClaimOutcome>],
+    ) -> Result<Vec<usize>, JournalError> {
+        let to_read: Vec<String> = todo
             .iter()
-            .enumerate()
-            .filter(|(i, r)| !won(*i, r.envelope.key.as_str()))
-            .map(|(_, r)| r.envelope.key.as_str().to_owned())
+            .filter(|i| !claimed.contains_key(i))
+            .map(|&i| requests[i].envelope.key.as_str().to_owned())
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
         let current = self.get_many_by_text(&to_read).await?;
-        let mut out = Vec::with_capacity(requests.len());
-        for (i, r) in requests.iter().enumerate() {
-            let key = r.envelope.key.as_str();
-            if won(i, key) {
-                out.push(ClaimOutcome::Claimed(claimed[key].clone()));
-                continue;
-            }
-            // A row that vanished between the statements was purged: it was terminal.
-            let Some(op) = current.get(key) else {
-                return Err(JournalError::Database(sqlx::Error::RowNotFound));
+        let mut vanished = Vec::new();
+        for i in todo {
+            let envelope = requests[i].envelope;
+            out[i] = match (claimed.remove(&i), current.get(envelope.key.as_str())) {
+                (Some(claim), _) => Some(ClaimOutcome::Claimed(claim)),
+                (None, Some(op)) => Some(ClaimOutcome::NotClaimed {
+                    why: classify(op, envelope),
+                    op: Box::new(op.clone()),
+                }),
+                (None, None) => {
+                    vanished.push(i);
+                    None
+                }
             };
-            let why = classify(op, r.envelope);
-            out.push(ClaimOutcome::NotClaimed {
-                why,
-                op: Box::new(op.clone()),
-            });
         }
-        Ok(out)
+        Ok(vanished)
     }
 }
 

@@ -1,10 +1,9 @@
 //! Reads: one operation, a workflow, the audit trail, and the article's two
-//! inspection queries. Nothing here writes except [`Journal::record_conflict`], which
-//! adds an audit row (not a transition) when a conflicting intent is refused.
+//! inspection queries. Nothing here writes.
 
 use super::operation::{Event, Operation, select_operations};
 use super::{Journal, JournalError};
-use crate::keys::{IdempotencyKey, PayloadHash};
+use crate::keys::IdempotencyKey;
 
 impl Journal {
     /// The operation for `key`, if any.
@@ -47,27 +46,5 @@ impl Journal {
         .bind(key.as_str())
         .fetch_all(&self.pool)
         .await?)
-    }
-
-    /// Record that an intent with this key but another payload (or action type) was
-    /// refused: an audit row with `reason = 'conflict'` and the offered hash as error
-    /// detail; the operation itself is unchanged.
-    pub async fn record_conflict(
-        &self,
-        key: &IdempotencyKey,
-        offered: &PayloadHash,
-        actor: &str,
-    ) -> Result<(), JournalError> {
-        sqlx::query(
-            "INSERT INTO operation_events (idempotency_key, from_status, to_status, attempt, actor, reason, error_code) \
-             SELECT idempotency_key, status, status, attempt_count, $2, 'conflict', $3 \
-             FROM agent_operations WHERE idempotency_key = $1",
-        )
-        .bind(key.as_str())
-        .bind(actor)
-        .bind(format!("conflicting_payload {}", offered.as_str()))
-        .execute(&self.pool)
-        .await?;
-        Ok(())
     }
 }

@@ -13,6 +13,7 @@
 //! - [`record`]: record intents (`planned`), telling duplicates from conflicts.
 //! - [`claim`]: the one-statement insert-or-claim with a lease.
 //! - [`complete`]: compare-and-set outcomes.
+//! - [`conflict`]: the audit row for a refused conflicting intent.
 //! - [`inspect`]: reads — by key, by workflow, events, the article's queries.
 //! - [`sweep`]: what the sweeper and reconciler take: expired leases, republishing, due unknowns.
 //! - [`review`]: human reviews and purging.
@@ -22,6 +23,7 @@
 pub mod article;
 pub mod claim;
 pub mod complete;
+pub mod conflict;
 pub mod inspect;
 pub mod operation;
 pub mod record;

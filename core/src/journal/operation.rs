@@ -40,7 +40,18 @@ pub struct Operation {
     pub result_json: Option<Value>,
     /// The last error code.
     pub last_error_code: Option<String>,
-    /// Lease end / not-before / next check (see the migration).
+    /// When the next thing is due for this operation; what that is depends on the status.
+    /// This is the one place that says so (the column's SQL comment points here):
+    ///
+    /// | status | `lease_until` means | set by | acted on by |
+    /// | --- | --- | --- | --- |
+    /// | `executing` | end of the worker's lease: nobody else may act before it | the claim (`now() + lease`) | the sweeper, after it: → `unknown` (never a re-claim) |
+    /// | `failed_retryable` | not before: the earliest time of the next attempt | the completion (`now() + retry_in`), a review's `retry` (`now()`) | the claim (refused before it); the sweeper republishes after it |
+    /// | `unknown` | next reconcile check | the sweeper's expiry (`now()`), a completion (`now() + check_in`), each check (`now() + check_lease`), a deferral (`now() + delay`) | the reconciler takes it only once due; the sweeper re-checks it when overdue by `stale_unknown_after` |
+    /// | `planned`, `succeeded`, `failed_final` | nothing: always `NULL` (a database constraint) | — | — |
+    ///
+    /// All times are the database's clock. One index, `(status, lease_until)`, serves
+    /// every sweep because of this.
     pub lease_until: Option<DateTime<Utc>>,
     /// The worker holding the lease.
     pub lease_owner: Option<String>,

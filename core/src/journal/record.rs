@@ -3,13 +3,33 @@
 //! `INSERT … 'planned' … ON CONFLICT DO NOTHING` for the whole batch in one statement,
 //! then one read of the keys that already existed: the same action type and payload
 //! hash is a *duplicate* (report its status and saved result); anything else is a
-//! *conflict* — an error, never a retry, and the row is left untouched.
+//! *conflict* — an error, never a retry, and the row is left untouched. A row a purge
+//! deletes between the two statements is recorded again ([`PURGE_RACE_ROUNDS`]).
 
 use super::operation::{Operation, select_operations};
 use super::{Journal, JournalError};
 use crate::intent::Envelope;
 use crate::status::{Move, Status, transition};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+/// How many times a statement is repeated for keys whose row a purge deleted between
+/// the insert (which met the row) and the read (which no longer finds it).
+///
+/// A purge deletes only terminal operations older than their provider's key retention:
+/// after it the journal has forgotten the key, and an intent with that key is a new
+/// operation (recorded `planned`, claimed at attempt 1), exactly as if it had arrived a
+/// moment after the purge. Recording and claiming both treat the race that way: the
+/// statement is run again for those keys, which then insert a fresh row (or meet the one
+/// another process inserted meanwhile). Neither reports a row that does not exist, and
+/// neither fails the batch. A second purge of the same key within one call would need a
+/// fresh row to become terminal and old between two statements; past this many rounds
+/// the call fails with a retryable error rather than loop.
+pub const PURGE_RACE_ROUNDS: usize = 3;
+
+/// The error when [`PURGE_RACE_ROUNDS`] did not settle every key: retryable.
+pub(crate) fn purged_meanwhile() -> JournalError {
+    JournalError::Unavailable(sqlx::Error::RowNotFound)
+}
 
 /// What recording one intent found.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,13 +59,54 @@ impl Journal {
         envelopes: &[Envelope],
         actor: &str,
     ) -> Result<Vec<Recorded>, JournalError> {
+        self.record_many_with(envelopes, actor, || async {}).await
+    }
+
+    /// [`Journal::record_many`], awaiting `between` after each insert and before the read
+    /// of the rows that already existed: the one window in which a purge can delete such
+    /// a row. A key whose row vanished there is recorded again, as if the intent had
+    /// arrived after the purge (see [`PURGE_RACE_ROUNDS`]). Tests pass a purge as
+    /// `between` to provoke that race; `record_many` passes nothing.
+    pub async fn record_many_with<F, Fut>(
+        &self,
+        envelopes: &[Envelope],
+        actor: &str,
+        mut between: F,
+    ) -> Result<Vec<Recorded>, JournalError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         debug_assert!(transition(None, Status::Planned) == Some(Move::Record));
-        if envelopes.is_empty() {
-            return Ok(Vec::new());
+        let mut out: Vec<Option<Recorded>> = vec![None; envelopes.len()];
+        let mut todo: Vec<usize> = (0..envelopes.len()).collect();
+        for _ in 0..PURGE_RACE_ROUNDS {
+            if todo.is_empty() {
+                break;
+            }
+            let inserted = self.insert_planned(envelopes, &todo, actor).await?;
+            between().await;
+            todo = self
+                .read_existing(envelopes, todo, &inserted, &mut out)
+                .await?;
         }
-        let mut first: HashMap<&str, usize> = HashMap::with_capacity(envelopes.len());
+        out.into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(purged_meanwhile)
+    }
+
+    /// `INSERT … 'planned' … ON CONFLICT DO NOTHING` for the first occurrence of each key
+    /// among `todo`; returns the indices (into `envelopes`) whose row this inserted.
+    async fn insert_planned(
+        &self,
+        envelopes: &[Envelope],
+        todo: &[usize],
+        actor: &str,
+    ) -> Result<HashSet<usize>, JournalError> {
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity(todo.len());
         let mut cols = Columns::default();
-        for (i, e) in envelopes.iter().enumerate() {
+        for &i in todo {
+            let e = &envelopes[i];
             if let std::collections::hash_map::Entry::Vacant(v) = first.entry(e.key.as_str()) {
                 v.insert(i);
                 cols.push(e);
@@ -72,37 +133,50 @@ impl Journal {
         .bind(actor)
         .fetch_all(&self.pool)
         .await?;
-        let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
-
-        // Every key that was not inserted by this statement at its first occurrence
-        // needs its row read (one statement for all of them).
-        let to_read: Vec<String> = envelopes
+        Ok(inserted
             .iter()
-            .enumerate()
-            .filter(|(i, e)| !(inserted.contains(e.key.as_str()) && first[e.key.as_str()] == *i))
-            .map(|(_, e)| e.key.as_str().to_owned())
+            .filter_map(|k| first.get(k.as_str()).copied())
+            .collect())
+    }
+
+    /// Fill `out` for `todo`: the inserted ones are new, the others are told apart by
+    /// the row that already existed (one read for all of them). Returns the indices whose
+    /// row vanished before the read (purged meanwhile), to be recorded again.
+    async fn read_existing(
+        &self,
+        envelopes: &[Envelope],
+        todo: Vec<usize>,
+        inserted: &HashSet<usize>,
+        out: &mut [Option<Recorded>],
+    ) -> Result<Vec<usize>, JournalError> {
+        let to_read: Vec<String> = todo
+            .iter()
+            .filter(|i| !inserted.contains(*i))
+            .map(|&i| envelopes[i].key.as_str().to_owned())
             .collect();
         let rows = self.get_many_by_text(&to_read).await?;
-        Ok(envelopes
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                if inserted.contains(e.key.as_str()) && first[e.key.as_str()] == i {
-                    return Recorded::New;
-                }
+        let mut vanished = Vec::new();
+        for i in todo {
+            let e = &envelopes[i];
+            out[i] = if inserted.contains(&i) {
+                Some(Recorded::New)
+            } else {
                 match rows.get(e.key.as_str()) {
                     Some(op)
                         if op.action_type == e.intent.identity.action_type.as_str()
                             && op.payload_hash == e.payload_hash.as_str() =>
                     {
-                        Recorded::Duplicate(Box::new(op.clone()))
+                        Some(Recorded::Duplicate(Box::new(op.clone())))
                     }
-                    Some(op) => Recorded::Conflict(Box::new(op.clone())),
-                    // Purged between the insert and the read: it was there, so not new.
-                    None => Recorded::New,
+                    Some(op) => Some(Recorded::Conflict(Box::new(op.clone()))),
+                    None => {
+                        vanished.push(i);
+                        None
+                    }
                 }
-            })
-            .collect())
+            };
+        }
+        Ok(vanished)
     }
 
     /// Rows for a set of keys (as text), by key.

@@ -93,29 +93,39 @@ impl Journal {
             .collect())
     }
 
-    /// Unknown operations due for a check for longer than `stale_after` with no open
-    /// review (reconcile messages lost, a reconciler died mid-check, a pending provider).
-    pub async fn due_unknowns(
+    /// Take the `unknown` operations due for a check for longer than `stale_after`, with
+    /// no open review (reconcile messages lost, a reconciler died mid-check, a pending
+    /// provider), at most `limit`, in one statement: like [`Journal::take_unknown`] for
+    /// each, their due time is pushed by `check_lease` and the check counted, so no other
+    /// sweep (here or in another reconciler) takes them while they are being checked.
+    pub async fn take_stale_unknowns(
         &self,
         stale_after: Duration,
+        check_lease: Duration,
         limit: i64,
-    ) -> Result<Vec<IdempotencyKey>, JournalError> {
+    ) -> Result<Vec<Operation>, JournalError> {
         let keys: Vec<String> = sqlx::query_scalar(
-            "SELECT o.idempotency_key FROM agent_operations o \
-             WHERE o.status = 'unknown' AND o.lease_until <= now() - make_interval(secs => $1) \
-               AND NOT EXISTS (SELECT 1 FROM operation_reviews r WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL) \
-             ORDER BY o.lease_until LIMIT $2",
+            "WITH due AS ( \
+                 SELECT o.idempotency_key FROM agent_operations o \
+                 WHERE o.status = 'unknown' AND o.lease_until <= now() - make_interval(secs => $1) \
+                   AND NOT EXISTS (SELECT 1 FROM operation_reviews r WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL) \
+                 ORDER BY o.lease_until LIMIT $3 FOR UPDATE OF o SKIP LOCKED) \
+             UPDATE agent_operations o SET lease_until = now() + make_interval(secs => $2), \
+                 reconcile_checks = o.reconcile_checks + 1 \
+             FROM due WHERE o.idempotency_key = due.idempotency_key AND o.status = 'unknown' \
+             RETURNING o.idempotency_key",
         )
         .bind(stale_after.as_secs_f64())
+        .bind(check_lease.as_secs_f64())
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        keys.iter()
-            .map(|k| {
-                IdempotencyKey::parse(k)
-                    .map_err(|e| JournalError::Database(sqlx::Error::Decode(e.into())))
-            })
-            .collect()
+        Ok(self
+            .get_many_by_text(&keys)
+            .await?
+            .into_values()
+            .filter(|op| op.status == Status::Unknown)
+            .collect())
     }
 
     /// Take an `unknown` operation for one check: only if due and without an open review.

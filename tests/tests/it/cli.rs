@@ -17,6 +17,7 @@ async fn run(bin: &str, args: &[&str], env: &[(&str, &str)], stdin: &str) -> (i3
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .expect("spawn");
     let mut input = child.stdin.take().expect("stdin");
@@ -156,4 +157,76 @@ async fn migrate_creates_the_database_and_is_idempotent() {
         err.contains("127.0.0.1:1") && !err.contains(":pw@"),
         "{err}"
     );
+}
+
+/// Only `migrate` changes the schema. `run`, `reconcile` and `admin` on a database that
+/// was never migrated, or is one migration behind, refuse to start and say what to do.
+#[tokio::test]
+async fn processes_refuse_a_database_not_migrated_to_their_version() {
+    let name = unique_name("oncely_s");
+    let server = server_url();
+    let base = server
+        .rsplit_once('/')
+        .map(|(b, _)| b.to_owned())
+        .expect("url");
+    let url = format!("{base}/{name}");
+    let admin_pool = sqlx::PgPool::connect(&server).await.expect("server");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .execute(&admin_pool)
+        .await
+        .expect("create");
+    let db = TestDb {
+        name,
+        url: url.clone(),
+        pool: sqlx::PgPool::connect(&url).await.expect("connect"),
+    };
+    let versions: Vec<i64> = oncely_core::db::MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    let needed = *versions.last().expect("migrations");
+    // No broker to reach: a process that got past the check would retry it for ever.
+    let env = [
+        ("DATABASE_URL", url.as_str()),
+        ("ONCELY_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f"),
+    ];
+    let refuses = |args: &'static [&'static str], found: String| async move {
+        let (code, _, err) = tokio::time::timeout(
+            Duration::from_secs(60),
+            run("oncely-worker", args, &env, ""),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} kept running on an unmigrated database"));
+        assert_ne!(code, 0, "{args:?}: {err}");
+        let want = format!(
+            "database schema is at version {found}, this binary needs {needed}: run `oncely-worker migrate`"
+        );
+        assert!(err.contains(&want), "{args:?}: {err}");
+    };
+    refuses(&["run"], "none".into()).await;
+    refuses(&["reconcile"], "none".into()).await;
+    refuses(&["admin", "ops", "list"], "none".into()).await;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename = 'agent_operations'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("catalog");
+    assert_eq!(n, 0, "nothing was migrated by run, reconcile or admin");
+
+    let (code, _, err) = run("oncely-worker", &["migrate"], &env, "").await;
+    assert_eq!(code, 0, "{err}");
+    sqlx::query(
+        "DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("one migration back");
+    let older = if versions.len() > 1 {
+        versions[versions.len() - 2].to_string()
+    } else {
+        "none".into()
+    };
+    refuses(&["run"], older.clone()).await;
+    refuses(&["reconcile"], older).await;
 }

@@ -488,3 +488,115 @@ async fn an_unreachable_database_is_a_clear_error() {
     );
     assert!(!msg.contains("sekrit"), "password leaked: {msg}");
 }
+
+/// Record, claim and settle `e` as succeeded: a terminal operation a purge may delete.
+async fn settle_succeeded(j: &Journal, e: &Envelope) {
+    j.record(e, "producer").await.expect("record");
+    assert_eq!(claimed(&claim_one(j, e, "w1", LEASE).await), 1);
+    assert!(
+        j.complete(&success(e, 1, "po_old"), "w1")
+            .await
+            .expect("complete")
+    );
+}
+
+/// A hook that purges every terminal payment order, once, and checks it deleted one.
+fn purge_once(j: &Journal) -> impl FnMut() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let j = j.clone();
+    move || {
+        let (j, done) = (j.clone(), done.clone());
+        Box::pin(async move {
+            if !done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                let cutoff = [("payment_order.create".to_owned(), Duration::ZERO)];
+                assert_eq!(j.purge(&cutoff, false).await.expect("purge"), 1);
+            }
+        })
+    }
+}
+
+/// A purge landing between the insert (which met the old, terminal row) and the read
+/// (which no longer finds it) is the same as an intent arriving after the purge: it is
+/// recorded anew, and no `New` is reported for a row that does not exist.
+#[tokio::test]
+async fn a_purge_between_insert_and_read_records_the_intent_anew() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let old = envelope("purge", "record", pay(1));
+    settle_succeeded(&j, &old).await;
+    let fresh = envelope("purge", "record-fresh", pay(2));
+    let out = j
+        .record_many_with(
+            &[old.clone(), fresh.clone(), old.clone()],
+            "producer",
+            purge_once(&j),
+        )
+        .await
+        .expect("record");
+    assert_eq!(out[0], Recorded::New);
+    assert_eq!(out[1], Recorded::New);
+    assert!(matches!(&out[2], Recorded::Duplicate(op) if op.status == Status::Planned));
+    let op = j
+        .get(&old.key)
+        .await
+        .expect("get")
+        .expect("a row for the new intent");
+    assert_eq!((op.status, op.attempt_count), (Status::Planned, 0));
+    assert_eq!(row_count(&db).await, 2);
+}
+
+/// The same race in the claim: the delivery is claimed as a new operation (attempt 1),
+/// and the batch does not fail.
+#[tokio::test]
+async fn a_purge_between_claim_and_read_claims_the_delivery_anew() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let old = envelope("purge", "claim", pay(1));
+    settle_succeeded(&j, &old).await;
+    let fresh = envelope("purge", "claim-fresh", pay(2));
+    let reqs = [
+        ClaimRequest {
+            envelope: &old,
+            lease: LEASE,
+        },
+        ClaimRequest {
+            envelope: &fresh,
+            lease: LEASE,
+        },
+    ];
+    let out = j
+        .claim_with(&reqs, "w2", purge_once(&j))
+        .await
+        .expect("claim");
+    assert_eq!(claimed(&out[0]), 1, "a new operation, first attempt");
+    assert_eq!(claimed(&out[1]), 1);
+    let op = j.get(&old.key).await.expect("get").expect("row");
+    assert_eq!(
+        (op.status, op.lease_owner.as_deref()),
+        (Status::Executing, Some("w2"))
+    );
+    let events = j.events(&old.key).await.expect("events");
+    assert_eq!(
+        events.len(),
+        1,
+        "the old trail went with the purge: {events:?}"
+    );
+}
+
+/// `lease_until` means one thing per status; the schema says where that is written down.
+#[tokio::test]
+async fn the_lease_until_column_points_to_its_one_definition() {
+    let db = TestDb::new().await;
+    let comment: Option<String> = sqlx::query_scalar(
+        "SELECT col_description('agent_operations'::regclass, attnum) FROM pg_attribute \
+         WHERE attrelid = 'agent_operations'::regclass AND attname = 'lease_until'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("catalog");
+    let comment = comment.expect("a comment on agent_operations.lease_until");
+    assert!(comment.contains("Operation::lease_until"), "{comment}");
+    for status in ["executing", "failed_retryable", "unknown"] {
+        assert!(comment.contains(status), "{status} missing: {comment}");
+    }
+}

@@ -493,3 +493,141 @@ async fn two_reconcilers_never_decide_twice() {
         assert_eq!(fleet.sandbox.effects().count(e.key.as_str()), 1);
     }
 }
+
+/// A provider whose lookups hang until released: counts the requests it holds.
+struct HangingLookups {
+    port: u16,
+    seen: tokio::sync::watch::Receiver<usize>,
+    release: tokio::sync::watch::Sender<bool>,
+}
+
+impl HangingLookups {
+    async fn start() -> HangingLookups {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (seen_tx, seen) = tokio::sync::watch::channel(0usize);
+        let (release, released) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (seen_tx, mut released) = (seen_tx.clone(), released.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    seen_tx.send_modify(|n| *n += 1);
+                    let _ = released.wait_for(|r| *r).await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .await;
+                });
+            }
+        });
+        HangingLookups {
+            port,
+            seen,
+            release,
+        }
+    }
+}
+
+/// A slow provider does not hold back lease expiry: while the sweeper's lookups of stale
+/// unknowns hang (they cannot finish before the test releases them), leases that expire
+/// meanwhile are still turned into `unknown` by the next sweeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_lookups_do_not_hold_back_lease_expiry() {
+    let fleet = Fleet::with(FleetOptions {
+        timeout: "10m".into(),
+        lease: "11m".into(),
+        reconciler: Some(FAST_RECONCILER),
+        ..FleetOptions::default()
+    })
+    .await;
+    let j = fleet.db.journal();
+    let past = |key: &oncely_core::IdempotencyKey, secs_ago: f64| {
+        sqlx::query(
+            "UPDATE agent_operations SET lease_until = now() - make_interval(secs => $2) WHERE idempotency_key = $1",
+        )
+        .bind(key.as_str().to_owned())
+        .bind(secs_ago)
+    };
+    let claim = |e: &Envelope| {
+        let j = j.clone();
+        let e = e.clone();
+        async move {
+            let req = oncely_core::journal::ClaimRequest {
+                envelope: &e,
+                lease: Duration::from_secs(600),
+            };
+            let out = j.claim(&[req], "dead-worker").await.expect("claim");
+            assert!(matches!(
+                out[0],
+                oncely_core::journal::ClaimOutcome::Claimed(_)
+            ));
+        }
+    };
+    // Two unknowns nobody has checked for an hour: the sweeper looks them up itself.
+    let stale: Vec<Envelope> = (0..2)
+        .map(|n| payment(500 + n, 1).seal(&secret()).expect("seal"))
+        .collect();
+    for e in &stale {
+        claim(e).await;
+        let unknown = oncely_core::journal::Completion {
+            key: e.key.clone(),
+            expected: Status::Executing,
+            attempt: 1,
+            verdict: oncely_core::journal::Verdict::Unknown {
+                error_code: "timeout".into(),
+                check_in: Duration::ZERO,
+            },
+            reason: "provider_timeout".into(),
+        };
+        assert!(j.complete(&unknown, "dead-worker").await.expect("unknown"));
+        past(&e.key, 3600.0)
+            .execute(&fleet.db.pool)
+            .await
+            .expect("age");
+    }
+    let bank = HangingLookups::start().await;
+    let bank_url = format!("http://127.0.0.1:{}", bank.port);
+    let _r = fleet.spawn_with_env(
+        &["reconcile"],
+        &[("ONCELY__PROVIDERS__BANK__BASE_URL", bank_url.as_str())],
+    );
+    let mut seen = bank.seen.clone();
+    tokio::time::timeout(DEADLINE, seen.wait_for(|n| *n >= 1))
+        .await
+        .expect("the sweeper to start a lookup")
+        .expect("lookup server");
+
+    // Now three workers die: their leases are over.
+    let expired: Vec<Envelope> = (0..3)
+        .map(|n| payment(600 + n, 1).seal(&secret()).expect("seal"))
+        .collect();
+    for e in &expired {
+        claim(e).await;
+        past(&e.key, 1.0)
+            .execute(&fleet.db.pool)
+            .await
+            .expect("expire");
+    }
+    for e in &expired {
+        let op = wait_status(&fleet, e, Status::Unknown).await;
+        assert_eq!(op.last_reason, "lease_expired");
+    }
+    // The lookups were still hanging all along: nothing was decided for the stale ones.
+    assert!(!*bank.release.borrow());
+    for e in &stale {
+        let op = fleet.op(&e.key).await.expect("row");
+        assert_eq!(op.status, Status::Unknown);
+        assert_eq!(op.last_reason, "provider_timeout");
+    }
+    let _ = bank.release.send(true);
+}
