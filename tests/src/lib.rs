@@ -126,6 +126,7 @@ where
 }
 
 pub mod chaos;
+pub mod failpoint_worker;
 pub mod fleet;
 pub mod private_broker;
 
