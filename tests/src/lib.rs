@@ -140,6 +140,7 @@ where
 }
 
 pub mod chaos;
+pub mod failpoint_worker;
 pub mod fleet;
 pub mod private_broker;
 

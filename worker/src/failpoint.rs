@@ -1,6 +1,6 @@
 //! Fail points for the chaos run: crash the process at the worst moments on purpose.
 //!
-//! With the `failpoints` feature (the tests crate turns it on) and
+//! With the `failpoints` feature (only the chaos run's own build turns it on) and
 //! `ONCELY_FAILPOINTS=after_claim=0.05,after_provider=0.02,after_commit=0.02`, the process
 //! aborts at that point with that probability — as abruptly as SIGKILL: no flush, no
 //! nack, no commit. `ONCELY_FAILPOINT_SEED` makes the draws repeatable. Without the
