@@ -10,7 +10,8 @@ use oncely_core::topology;
 use serde::Serialize;
 use std::fmt::Write as _;
 
-/// Design targets (DESIGN.md "Performance").
+/// Design targets (ratios to the two ceilings, and two absolute limits; see
+/// `docs/performance.md`).
 pub const TARGET_VS_BROKER: f64 = 0.6;
 /// oncely ≥ this × the article's journal flow.
 pub const TARGET_VS_JOURNAL: f64 = 1.5;

@@ -1,4 +1,5 @@
-//! From a provider's answer to a journal verdict (DESIGN.md's classification table),
+//! From a provider's answer to a journal verdict (the classification table in
+//! `docs/architecture.md`),
 //! and from a not-claimed row to what to do with the delivery.
 //!
 //! Pure functions, so the rules are unit-tested without a broker or a database.
@@ -68,7 +69,7 @@ pub enum Disposition {
     Requeue,
 }
 
-/// Decide without calling anyone (DESIGN.md, Execute step 3).
+/// Decide without calling anyone (`docs/architecture.md`, "Execute", step 3).
 pub fn disposition(why: NotClaimed) -> Disposition {
     match why {
         NotClaimed::Terminal => Disposition::Ack("duplicate"),

@@ -8,7 +8,7 @@
 //! RETURNING …
 //! ```
 //! Why one statement: a separate insert and update would each need a round trip and
-//! (the trap DESIGN.md warns of) `WITH ins AS (INSERT … DO NOTHING) UPDATE …` does not
+//! (a known trap) `WITH ins AS (INSERT … DO NOTHING) UPDATE …` does not
 //! work, because both parts see the same snapshot. `ON CONFLICT DO UPDATE` locks the
 //! existing row and re-checks the `WHERE` on its latest version, so two workers racing
 //! for one key cannot both win. Postgres refuses to update one row twice in one
@@ -156,6 +156,8 @@ impl Journal {
                 leases.push(r.lease.as_secs_f64());
             }
         }
+        // `ORDER BY k`: rows are locked in key order, so two workers claiming the same keys
+        // (redeliveries come in any order) wait for each other instead of deadlocking.
         let rows = sqlx::query(
             "INSERT INTO agent_operations AS o (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
                  revision, payload_hash, payload, status, attempt_count, lease_until, lease_owner, first_attempt_at, \
@@ -163,6 +165,7 @@ impl Journal {
              SELECT k, a, t, w, s, b, r, h, p::jsonb, 'executing', 1, now() + make_interval(secs => l), $11, now(), $11, 'claim' \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
                          $8::text[], $9::text[], $10::float8[]) AS x(k, a, t, w, s, b, r, h, p, l) \
+             ORDER BY k \
              ON CONFLICT (idempotency_key) DO UPDATE SET \
                  status = 'executing', attempt_count = o.attempt_count + 1, lease_until = EXCLUDED.lease_until, \
                  lease_owner = EXCLUDED.lease_owner, first_attempt_at = coalesce(o.first_attempt_at, EXCLUDED.first_attempt_at), \

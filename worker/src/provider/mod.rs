@@ -21,7 +21,28 @@
 //! - never log the payload or the provider's answer body; codes are short technical
 //!   strings (`http_503`, `timeout`), never text from the payload.
 //!
-//! ```ignore
+//! The example compiles and runs as a doc test (its `ledger_sdk` is a stand-in, hidden
+//! from the rendered docs, for whatever client your provider ships):
+//!
+//! ```
+//! # mod ledger_sdk {
+//! #     pub struct Entry { pub id: String }
+//! #     pub enum Error { Invalid(String), Unreachable, Other }
+//! #     #[derive(Debug)]
+//! #     pub struct Client;
+//! #     type Payload = serde_json::Map<String, serde_json::Value>;
+//! #     impl Client {
+//! #         pub async fn post_entry(&self, key: &str, p: &Payload) -> Result<Entry, Error> {
+//! #             match p.get("amount_minor") {
+//! #                 Some(_) => Ok(Entry { id: format!("entry-{}", &key[3..11]) }),
+//! #                 None => Err(Error::Invalid("amount_minor".into())),
+//! #             }
+//! #         }
+//! #         pub async fn entry_by_key(&self, key: &str) -> Result<Option<Entry>, Error> {
+//! #             Ok(Some(Entry { id: format!("entry-{}", &key[3..11]) }))
+//! #         }
+//! #     }
+//! # }
 //! use oncely_worker::provider::{BoxFuture, Call, Capabilities, Outcome, Provider, Remote};
 //!
 //! /// An in-house ledger reached through some client of its own.
@@ -48,7 +69,7 @@
 //!         Box::pin(async move {
 //!             match self.client.post_entry(call.key.as_str(), call.payload).await {
 //!                 Ok(entry) => Outcome::Succeeded {
-//!                     provider_operation_id: entry.id,
+//!                     provider_operation_id: entry.id.clone(),
 //!                     result: serde_json::json!({ "id": entry.id }),
 //!                 },
 //!                 Err(ledger_sdk::Error::Invalid(_)) => {
@@ -77,6 +98,20 @@
 //!         })
 //!     }
 //! }
+//!
+//! // What the worker does with it, in short: one call with the operation's key.
+//! # let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+//! let ledger = Ledger { client: ledger_sdk::Client };
+//! let key = oncely_core::IdempotencyKey::parse(&format!("v1:{}", "ab".repeat(32)))
+//!     .expect("a well-formed key");
+//! let payload = serde_json::json!({ "amount_minor": 125_000 });
+//! let call = Call {
+//!     key: &key,
+//!     action_type: "ledger.post",
+//!     payload: payload.as_object().expect("an object"),
+//! };
+//! let outcome = rt.block_on(ledger.execute(call));
+//! assert!(matches!(outcome, Outcome::Succeeded { .. }));
 //! ```
 //!
 //! Register it next to the configured ones: `providers.insert("ledger".into(), Arc::new(ledger))`
@@ -105,7 +140,8 @@ pub struct Call<'a> {
     pub payload: &'a serde_json::Map<String, serde_json::Value>,
 }
 
-/// The classified answer of an execute call (DESIGN.md table).
+/// The classified answer of an execute call (the classification table in
+/// `docs/architecture.md`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// 2xx with an id: the effect happened.
