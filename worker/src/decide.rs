@@ -4,8 +4,9 @@
 //!
 //! Pure functions, so the rules are unit-tested without a broker or a database.
 
-use crate::provider::Outcome;
-use oncely_core::config::ActionPolicy;
+use crate::provider::{Capabilities, Outcome};
+use chrono::{DateTime, Utc};
+use oncely_core::config::{ActionPolicy, OnUnknown};
 use oncely_core::journal::{NotClaimed, Verdict};
 use std::time::Duration;
 
@@ -56,6 +57,35 @@ pub fn outcome_label(o: &Outcome) -> &'static str {
 pub fn retry_delay(base: Duration, attempt: i32) -> Duration {
     let exp = attempt.clamp(1, 20) as u32 - 1;
     base.saturating_mul(1u32 << exp).min(MAX_RETRY_DELAY)
+}
+
+/// May a provider's "absent" answer for an unknown send it back to execution? `Ok(())`
+/// when the policy retries absent operations and the absence can be trusted — the
+/// provider honours the key and the first attempt is still inside its key retention
+/// (less one lease, so the retry lands inside it too), or the provider's absence is
+/// authoritative. Otherwise the reason a person must decide.
+pub fn absent_retry_allowed(
+    policy: &ActionPolicy,
+    caps: &Capabilities,
+    first_attempt_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Result<(), &'static str> {
+    let within_retention = caps.honours_key
+        && match (caps.key_retention, first_attempt_at) {
+            (Some(retention), Some(first)) => {
+                let spare = chrono::Duration::from_std(retention.saturating_sub(policy.lease))
+                    .unwrap_or_default();
+                first + spare > now
+            }
+            _ => false,
+        };
+    match policy.on_unknown {
+        OnUnknown::ReconcileThenRetryIfAbsent if within_retention || caps.absence_authoritative => {
+            Ok(())
+        }
+        OnUnknown::ReconcileThenReview => Err("absent_policy_requires_review"),
+        _ => Err("absent_outside_key_retention"),
+    }
 }
 
 /// What to do with a delivery whose operation was not claimed.
@@ -192,5 +222,73 @@ mod tests {
         }
         assert_eq!(disposition(NotClaimed::Conflict), Disposition::Conflict);
         assert_eq!(disposition(NotClaimed::Raced), Disposition::Requeue);
+    }
+
+    #[test]
+    fn absence_sends_back_to_execution_only_when_it_can_be_trusted() {
+        use crate::provider::Capabilities;
+        let now = chrono::Utc::now();
+        let caps = |honours_key, retention_h: Option<u64>, authoritative| Capabilities {
+            honours_key,
+            key_retention: retention_h.map(|h| Duration::from_secs(h * 3600)),
+            lookup: true,
+            absence_authoritative: authoritative,
+        };
+        let with = |on_unknown| ActionPolicy {
+            on_unknown,
+            ..policy()
+        };
+        let retry = with(OnUnknown::ReconcileThenRetryIfAbsent);
+        let review = with(OnUnknown::ReconcileThenReview);
+        let hour_ago = Some(now - chrono::Duration::hours(1));
+        let two_days_ago = Some(now - chrono::Duration::hours(48));
+        // (policy, capabilities, first attempt) → allowed or the review reason
+        let table: Vec<(&ActionPolicy, Capabilities, _, Result<(), &str>)> = vec![
+            (&retry, caps(true, Some(24), false), hour_ago, Ok(())),
+            (
+                &retry,
+                caps(true, Some(24), false),
+                two_days_ago,
+                Err("absent_outside_key_retention"),
+            ),
+            (
+                &retry,
+                caps(true, None, false),
+                hour_ago,
+                Err("absent_outside_key_retention"),
+            ),
+            (
+                &retry,
+                caps(false, Some(24), false),
+                hour_ago,
+                Err("absent_outside_key_retention"),
+            ),
+            (
+                &retry,
+                caps(true, Some(24), false),
+                None,
+                Err("absent_outside_key_retention"),
+            ),
+            (&retry, caps(false, None, true), two_days_ago, Ok(())),
+            (
+                &review,
+                caps(true, Some(24), true),
+                hour_ago,
+                Err("absent_policy_requires_review"),
+            ),
+        ];
+        for (i, (policy, caps, first, want)) in table.into_iter().enumerate() {
+            assert_eq!(
+                absent_retry_allowed(policy, &caps, first, now),
+                want,
+                "row {i}"
+            );
+        }
+        // The retention is counted less one lease, so the retry still lands inside it.
+        let edge = Some(now - chrono::Duration::hours(24) + chrono::Duration::seconds(30));
+        assert_eq!(
+            absent_retry_allowed(&retry, &caps(true, Some(24), false), edge, now),
+            Err("absent_outside_key_retention")
+        );
     }
 }

@@ -26,16 +26,16 @@ use crate::broker::Session;
 use crate::context::Context;
 use crate::decide;
 use crate::outcome::{self, OutcomeEvent};
-use crate::provider::{Call, Remote};
+use crate::provider::{Call, Provider, Remote};
 use crate::reconcile_request::ReconcileRequest;
 use crate::shutdown::Shutdown;
 use futures_util::StreamExt;
 use lapin::options::BasicAckOptions;
-use oncely_core::config::OnUnknown;
+use oncely_core::config::{ActionPolicy, OnUnknown};
 use oncely_core::journal::{Completion, Operation, Verdict};
 use oncely_core::metrics as m;
 use oncely_core::publish::{PublishOptions, Publisher};
-use oncely_core::{IdempotencyKey, Status};
+use oncely_core::{Envelope, IdempotencyKey, Status};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -146,22 +146,16 @@ async fn check(ctx: &Context, publisher: &Publisher, op: &Operation) -> anyhow::
     Ok(decision)
 }
 
+/// Ask the provider about one unknown and act on its answer (see the module docs for the
+/// rules); anything that cannot be settled by a lookup goes to a person.
 async fn decide_one(
     ctx: &Context,
     publisher: &Publisher,
     op: &Operation,
 ) -> anyhow::Result<Decision> {
-    let Some(action) = oncely_core::ActionType::parse(&op.action_type).ok() else {
-        return review(ctx, publisher, op, "invalid_action_type").await;
-    };
-    let Some((policy, provider)) = ctx.route(&action) else {
-        return review(ctx, publisher, op, "no_policy_for_action_type").await;
-    };
-    if policy.on_unknown == OnUnknown::Review {
-        return review(ctx, publisher, op, "policy_requires_review").await;
-    }
-    let Some(env) = op.envelope() else {
-        return review(ctx, publisher, op, "payload_missing").await;
+    let (policy, provider, env) = match route(ctx, op) {
+        Ok(routed) => routed,
+        Err(why) => return review(ctx, publisher, op, why).await,
     };
     let remote = provider
         .lookup(Call {
@@ -182,86 +176,93 @@ async fn decide_one(
             provider_operation_id,
             result,
         } => {
-            let c = settle(
-                Verdict::Succeeded {
-                    provider_operation_id,
-                    result,
-                },
-                "reconcile_found_succeeded",
-            );
+            let verdict = Verdict::Succeeded {
+                provider_operation_id,
+                result,
+            };
+            let c = settle(verdict, "reconcile_found_succeeded");
             commit(ctx, publisher, op, c, Decision::FoundSucceeded).await
         }
         Remote::Rejected { code } => {
-            let c = settle(
-                Verdict::FailedFinal { error_code: code },
-                "reconcile_found_rejected",
-            );
+            let verdict = Verdict::FailedFinal { error_code: code };
+            let c = settle(verdict, "reconcile_found_rejected");
             commit(ctx, publisher, op, c, Decision::FoundRejected).await
         }
-        Remote::Pending | Remote::Failed { .. } => {
-            let why = if let Remote::Failed { code } = &remote {
-                format!("lookup_failing:{code}")
-            } else {
-                "still_pending".into()
-            };
-            if op.reconcile_checks >= policy.max_reconcile_checks {
-                return review(ctx, publisher, op, &why).await;
-            }
-            let delay =
-                decide::retry_delay(ctx.config.reconciler.recheck_delay, op.reconcile_checks)
-                    .min(ctx.config.reconciler.max_recheck_delay);
-            ctx.journal
-                .defer_unknown(&op.key, op.attempt_count, delay)
-                .await?;
-            Ok(Decision::Deferred)
+        Remote::Pending => recheck_later(ctx, publisher, op, policy, "still_pending".into()).await,
+        Remote::Failed { code } => {
+            recheck_later(ctx, publisher, op, policy, format!("lookup_failing:{code}")).await
         }
         Remote::Unsupported => review(ctx, publisher, op, "lookup_unsupported").await,
         Remote::Absent => {
             let caps = provider.capabilities();
-            let within_retention = caps.honours_key
-                && match (caps.key_retention, op.first_attempt_at) {
-                    (Some(retention), Some(first)) => {
-                        let spare =
-                            chrono::Duration::from_std(retention.saturating_sub(policy.lease))
-                                .unwrap_or_default();
-                        first + spare > op.read_at
-                    }
-                    _ => false,
-                };
-            let allowed = policy.on_unknown == OnUnknown::ReconcileThenRetryIfAbsent
-                && (within_retention || caps.absence_authoritative);
-            if !allowed {
-                let why = if policy.on_unknown == OnUnknown::ReconcileThenReview {
-                    "absent_policy_requires_review"
-                } else {
-                    "absent_outside_key_retention"
-                };
+            if let Err(why) =
+                decide::absent_retry_allowed(policy, &caps, op.first_attempt_at, op.read_at)
+            {
                 return review(ctx, publisher, op, why).await;
             }
-            let c = settle(
-                Verdict::FailedRetryable {
-                    error_code: "reconcile_absent".into(),
-                    retry_in: Duration::ZERO,
-                },
-                "reconcile_absent_retry",
-            );
+            let verdict = Verdict::FailedRetryable {
+                error_code: "reconcile_absent".into(),
+                retry_in: Duration::ZERO,
+            };
+            let c = settle(verdict, "reconcile_absent_retry");
             let d = commit(ctx, publisher, op, c, Decision::RetryAbsent).await?;
             if d == Decision::RetryAbsent {
-                // Publish the retry now rather than at the next sweep.
-                let published = publisher
-                    .publish(
-                        &ctx.topology.actions_exchange(),
-                        &op.action_type,
-                        &env.to_bytes(),
-                        PublishOptions::mandatory().with_message_id(op.key.as_str()),
-                    )
-                    .await;
-                if let Ok(p) = published {
-                    let _ = p.confirmed().await;
-                }
+                republish_now(ctx, publisher, op, &env).await;
             }
             Ok(d)
         }
+    }
+}
+
+/// The policy, provider and envelope an unknown needs before anyone is asked; the review
+/// reason when one is missing (or the policy sends every unknown to a person).
+fn route<'c>(
+    ctx: &'c Context,
+    op: &Operation,
+) -> Result<(&'c ActionPolicy, &'c Arc<dyn Provider>, Envelope), &'static str> {
+    let action =
+        oncely_core::ActionType::parse(&op.action_type).map_err(|_| "invalid_action_type")?;
+    let (policy, provider) = ctx.route(&action).ok_or("no_policy_for_action_type")?;
+    if policy.on_unknown == OnUnknown::Review {
+        return Err("policy_requires_review");
+    }
+    let env = op.envelope().ok_or("payload_missing")?;
+    Ok((policy, provider, env))
+}
+
+/// The provider could not say yet: check again after a backoff, or ask a person once the
+/// policy's checks are used up.
+async fn recheck_later(
+    ctx: &Context,
+    publisher: &Publisher,
+    op: &Operation,
+    policy: &ActionPolicy,
+    why: String,
+) -> anyhow::Result<Decision> {
+    if op.reconcile_checks >= policy.max_reconcile_checks {
+        return review(ctx, publisher, op, &why).await;
+    }
+    let delay = decide::retry_delay(ctx.config.reconciler.recheck_delay, op.reconcile_checks)
+        .min(ctx.config.reconciler.max_recheck_delay);
+    ctx.journal
+        .defer_unknown(&op.key, op.attempt_count, delay)
+        .await?;
+    Ok(Decision::Deferred)
+}
+
+/// Publish an absent operation's retry now rather than at the next sweep (best effort:
+/// the sweeper republishes due retries anyway).
+async fn republish_now(ctx: &Context, publisher: &Publisher, op: &Operation, env: &Envelope) {
+    let published = publisher
+        .publish(
+            &ctx.topology.actions_exchange(),
+            &op.action_type,
+            &env.to_bytes(),
+            PublishOptions::mandatory().with_message_id(op.key.as_str()),
+        )
+        .await;
+    if let Ok(p) = published {
+        let _ = p.confirmed().await;
     }
 }
 
