@@ -134,8 +134,19 @@ impl Producer {
         &self,
         intents: Vec<Intent>,
     ) -> Result<Vec<Result<Enqueued, ProducerError>>, ProducerError> {
-        let mut results: Vec<Option<Result<Enqueued, ProducerError>>> =
-            Vec::with_capacity(intents.len());
+        let (mut results, sealed) = self.seal_all(intents);
+        let mut pending: Vec<(usize, IdempotencyKey, Pending)> = Vec::new();
+        for chunk in sealed.chunks(RECORD_CHUNK) {
+            self.record_and_publish(chunk, &mut results, &mut pending)
+                .await?;
+        }
+        await_confirms(pending, &mut results).await;
+        Ok(results.into_iter().map(counted).collect())
+    }
+
+    /// Seal every intent; a slot per intent, already filled for those that failed.
+    fn seal_all(&self, intents: Vec<Intent>) -> (Vec<Slot>, Vec<(usize, Envelope)>) {
+        let mut results: Vec<Slot> = Vec::with_capacity(intents.len());
         let mut sealed: Vec<(usize, Envelope)> = Vec::with_capacity(intents.len());
         for (i, intent) in intents.into_iter().enumerate() {
             match intent.seal(&self.secret) {
@@ -146,62 +157,44 @@ impl Producer {
                 Err(e) => results.push(Some(Err(e.into()))),
             }
         }
-        let mut pending: Vec<(usize, IdempotencyKey, Pending)> = Vec::new();
-        for chunk in sealed.chunks(RECORD_CHUNK) {
-            let envelopes: Vec<Envelope> = chunk.iter().map(|(_, e)| e.clone()).collect();
-            let recorded =
-                timed("record", self.journal.record_many(&envelopes, &self.actor)).await?;
-            for ((i, env), rec) in chunk.iter().zip(recorded) {
-                let publish = match &rec {
-                    Recorded::New => true,
-                    // Still planned: an earlier publish may have been lost; another copy is harmless.
-                    Recorded::Duplicate(op) => op.status == Status::Planned,
-                    Recorded::Conflict(_) => false,
-                };
-                results[*i] = Some(Ok(match rec {
-                    Recorded::New => Enqueued::Enqueued {
-                        key: env.key.clone(),
-                    },
-                    Recorded::Duplicate(op) => duplicate(&op),
-                    Recorded::Conflict(op) => Enqueued::Conflict {
-                        key: env.key.clone(),
-                        existing_payload_hash: op.payload_hash.clone(),
-                    },
-                }));
-                if publish {
-                    match self.publish_envelope(env).await {
-                        Ok(p) => pending.push((*i, env.key.clone(), p)),
-                        Err(e) => results[*i] = Some(Err(e)),
-                    }
+        (results, sealed)
+    }
+
+    /// Record one chunk in one statement and publish what needs publishing (new, or a
+    /// duplicate still `planned`: an earlier publish may have been lost and another copy
+    /// is harmless); the confirms are awaited later, together.
+    async fn record_and_publish(
+        &self,
+        chunk: &[(usize, Envelope)],
+        results: &mut [Slot],
+        pending: &mut Vec<(usize, IdempotencyKey, Pending)>,
+    ) -> Result<(), ProducerError> {
+        let envelopes: Vec<Envelope> = chunk.iter().map(|(_, e)| e.clone()).collect();
+        let recorded = timed("record", self.journal.record_many(&envelopes, &self.actor)).await?;
+        for ((i, env), rec) in chunk.iter().zip(recorded) {
+            let publish = match &rec {
+                Recorded::New => true,
+                Recorded::Duplicate(op) => op.status == Status::Planned,
+                Recorded::Conflict(_) => false,
+            };
+            results[*i] = Some(Ok(match rec {
+                Recorded::New => Enqueued::Enqueued {
+                    key: env.key.clone(),
+                },
+                Recorded::Duplicate(op) => duplicate(&op),
+                Recorded::Conflict(op) => Enqueued::Conflict {
+                    key: env.key.clone(),
+                    existing_payload_hash: op.payload_hash.clone(),
+                },
+            }));
+            if publish {
+                match self.publish_envelope(env).await {
+                    Ok(p) => pending.push((*i, env.key.clone(), p)),
+                    Err(e) => results[*i] = Some(Err(e)),
                 }
             }
         }
-        for (i, key, p) in pending {
-            if let Err(e) = p.confirmed().await {
-                tracing::warn!(%key, error = %e, "publish not confirmed; the sweeper will republish");
-                metrics::counter!(m::PUBLISHES, "kind" => "intent", "result" => "failed")
-                    .increment(1);
-                results[i] = Some(Err(e.into()));
-            } else {
-                metrics::counter!(m::PUBLISHES, "kind" => "intent", "result" => "confirmed")
-                    .increment(1);
-            }
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| {
-                let r =
-                    r.unwrap_or_else(|| Err(ProducerError::Connect("internal: no result".into())));
-                let label = match &r {
-                    Ok(Enqueued::Enqueued { .. }) => "enqueued",
-                    Ok(Enqueued::Duplicate { .. }) => "duplicate",
-                    Ok(Enqueued::Conflict { .. }) => "conflict",
-                    Err(_) => "failed",
-                };
-                metrics::counter!(m::INTENTS_ENQUEUED, "result" => label).increment(1);
-                r
-            })
-            .collect())
+        Ok(())
     }
 
     /// Publish an already-recorded envelope (mandatory, persistent); await `confirmed()`.
@@ -246,6 +239,37 @@ impl Producer {
             delay = (delay * 2).min(Duration::from_millis(500));
         }
     }
+}
+
+/// One intent's answer, `None` until known.
+type Slot = Option<Result<Enqueued, ProducerError>>;
+
+/// Await the publisher confirms of a batch together; an unconfirmed publish is that
+/// intent's error (its row exists: the sweeper republishes it).
+async fn await_confirms(pending: Vec<(usize, IdempotencyKey, Pending)>, results: &mut [Slot]) {
+    for (i, key, p) in pending {
+        if let Err(e) = p.confirmed().await {
+            tracing::warn!(%key, error = %e, "publish not confirmed; the sweeper will republish");
+            metrics::counter!(m::PUBLISHES, "kind" => "intent", "result" => "failed").increment(1);
+            results[i] = Some(Err(e.into()));
+        } else {
+            metrics::counter!(m::PUBLISHES, "kind" => "intent", "result" => "confirmed")
+                .increment(1);
+        }
+    }
+}
+
+/// Count an intent's answer in the enqueue metric and hand it on.
+fn counted(slot: Slot) -> Result<Enqueued, ProducerError> {
+    let r = slot.unwrap_or_else(|| Err(ProducerError::Connect("internal: no result".into())));
+    let label = match &r {
+        Ok(Enqueued::Enqueued { .. }) => "enqueued",
+        Ok(Enqueued::Duplicate { .. }) => "duplicate",
+        Ok(Enqueued::Conflict { .. }) => "conflict",
+        Err(_) => "failed",
+    };
+    metrics::counter!(m::INTENTS_ENQUEUED, "result" => label).increment(1);
+    r
 }
 
 fn duplicate(op: &Operation) -> Enqueued {

@@ -136,7 +136,9 @@ impl Journal {
     }
 
     /// The one statement, for the first occurrence of each key among `todo`; returns the
-    /// won claims by index (into `requests`).
+    /// won claims by index (into `requests`). Over 60 lines because it is one SQL
+    /// statement with its eleven binds, kept together so each placeholder can be read
+    /// next to its column.
     async fn claim_statement(
         &self,
         requests: &[ClaimRequest<'_>],
