@@ -24,7 +24,7 @@
 //! once, at [`super::record::PURGE_RACE_ROUNDS`]).
 
 use super::operation::Operation;
-use super::record::{Columns, PURGE_RACE_ROUNDS, purged_meanwhile};
+use super::record::{Columns, PURGE_RACE_ROUNDS, bind_columns, purged_meanwhile};
 use super::{Journal, JournalError};
 use crate::intent::Envelope;
 use crate::keys::IdempotencyKey;
@@ -136,31 +136,21 @@ impl Journal {
     }
 
     /// The one statement, for the first occurrence of each key among `todo`; returns the
-    /// won claims by index (into `requests`). Over 60 lines because it is one SQL
-    /// statement with its eleven binds, kept together so each placeholder can be read
-    /// next to its column.
+    /// won claims by index (into `requests`).
     async fn claim_statement(
         &self,
         requests: &[ClaimRequest<'_>],
         todo: &[usize],
         owner: &str,
     ) -> Result<HashMap<usize, Claim>, JournalError> {
-        let mut first: HashMap<&str, usize> = HashMap::with_capacity(todo.len());
-        let mut cols = Columns::default();
-        let mut leases: Vec<f64> = Vec::with_capacity(todo.len());
-        for &i in todo {
-            let r = &requests[i];
-            if let std::collections::hash_map::Entry::Vacant(v) =
-                first.entry(r.envelope.key.as_str())
-            {
-                v.insert(i);
-                cols.push(r.envelope);
-                leases.push(r.lease.as_secs_f64());
-            }
-        }
+        let (cols, first, order) = Columns::first_of_each_key(todo, |i| requests[i].envelope);
+        let leases: Vec<f64> = order
+            .iter()
+            .map(|&i| requests[i].lease.as_secs_f64())
+            .collect();
         // `ORDER BY k`: rows are locked in key order, so two workers claiming the same keys
         // (redeliveries come in any order) wait for each other instead of deadlocking.
-        let rows = sqlx::query(
+        let rows = bind_columns!(sqlx::query(
             "INSERT INTO agent_operations AS o (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
                  revision, payload_hash, payload, status, attempt_count, lease_until, lease_owner, first_attempt_at, \
                  last_actor, last_reason) \
@@ -176,16 +166,7 @@ impl Journal {
                AND (o.lease_until IS NULL OR o.lease_until <= now()) \
                AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type \
              RETURNING idempotency_key, attempt_count, lease_until, first_attempt_at",
-        )
-        .bind(&cols.keys)
-        .bind(&cols.action_types)
-        .bind(&cols.tenants)
-        .bind(&cols.workflows)
-        .bind(&cols.steps)
-        .bind(&cols.objects)
-        .bind(&cols.revisions)
-        .bind(&cols.hashes)
-        .bind(&cols.payloads)
+        ), cols)
         .bind(&leases)
         .bind(owner)
         .fetch_all(&self.pool)

@@ -103,16 +103,8 @@ impl Journal {
         todo: &[usize],
         actor: &str,
     ) -> Result<HashSet<usize>, JournalError> {
-        let mut first: HashMap<&str, usize> = HashMap::with_capacity(todo.len());
-        let mut cols = Columns::default();
-        for &i in todo {
-            let e = &envelopes[i];
-            if let std::collections::hash_map::Entry::Vacant(v) = first.entry(e.key.as_str()) {
-                v.insert(i);
-                cols.push(e);
-            }
-        }
-        let inserted: Vec<String> = sqlx::query_scalar(
+        let (cols, first, _) = Columns::first_of_each_key(todo, |i| &envelopes[i]);
+        let inserted: Vec<String> = bind_columns!(sqlx::query_scalar(
             "INSERT INTO agent_operations (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
                  revision, payload_hash, payload, status, last_actor, last_reason) \
              SELECT k, a, t, w, s, b, r, h, p::jsonb, 'planned', $10, 'recorded' \
@@ -120,16 +112,7 @@ impl Journal {
                          $8::text[], $9::text[]) AS x(k, a, t, w, s, b, r, h, p) \
              ON CONFLICT (idempotency_key) DO NOTHING \
              RETURNING idempotency_key",
-        )
-        .bind(&cols.keys)
-        .bind(&cols.action_types)
-        .bind(&cols.tenants)
-        .bind(&cols.workflows)
-        .bind(&cols.steps)
-        .bind(&cols.objects)
-        .bind(&cols.revisions)
-        .bind(&cols.hashes)
-        .bind(&cols.payloads)
+        ), cols)
         .bind(actor)
         .fetch_all(&self.pool)
         .await?;
@@ -213,8 +196,47 @@ pub(crate) struct Columns {
     pub payloads: Vec<String>,
 }
 
+/// Bind a [`Columns`] as `$1…$9` (keys, action types, tenants, workflows, steps,
+/// objects, revisions, hashes, payloads), the order both batched inserts use.
+macro_rules! bind_columns {
+    ($query:expr, $cols:expr) => {
+        $query
+            .bind(&$cols.keys)
+            .bind(&$cols.action_types)
+            .bind(&$cols.tenants)
+            .bind(&$cols.workflows)
+            .bind(&$cols.steps)
+            .bind(&$cols.objects)
+            .bind(&$cols.revisions)
+            .bind(&$cols.hashes)
+            .bind(&$cols.payloads)
+    };
+}
+pub(crate) use bind_columns;
+
 impl Columns {
-    pub fn push(&mut self, e: &Envelope) {
+    /// The columns of the first occurrence of each key among `todo` (Postgres refuses to
+    /// touch one row twice in a statement), where each key first occurred, and those
+    /// indices in column order.
+    pub fn first_of_each_key<'e>(
+        todo: &[usize],
+        envelope: impl Fn(usize) -> &'e Envelope,
+    ) -> (Columns, HashMap<&'e str, usize>, Vec<usize>) {
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity(todo.len());
+        let mut cols = Columns::default();
+        let mut order = Vec::with_capacity(todo.len());
+        for &i in todo {
+            let e = envelope(i);
+            if let std::collections::hash_map::Entry::Vacant(v) = first.entry(e.key.as_str()) {
+                v.insert(i);
+                cols.push(e);
+                order.push(i);
+            }
+        }
+        (cols, first, order)
+    }
+
+    fn push(&mut self, e: &Envelope) {
         let id = &e.intent.identity;
         self.keys.push(e.key.as_str().to_owned());
         self.action_types.push(id.action_type.as_str().to_owned());
