@@ -39,6 +39,14 @@ pub enum DbError {
         /// The driver's error.
         source: sqlx::Error,
     },
+    /// Dropping the database failed.
+    #[error("cannot drop database {target}: {source}")]
+    Drop {
+        /// `user@host:port/db`, without password.
+        target: String,
+        /// The driver's error.
+        source: sqlx::Error,
+    },
     /// The database's schema is not the one this binary was built for.
     #[error("{}", schema_message(.found, .needed))]
     Schema {
@@ -217,22 +225,32 @@ pub fn database_url(server_url: &str, name: &str) -> String {
 /// Drop the database named in `url` if it exists, ending its sessions first
 /// (`DROP DATABASE … WITH (FORCE)`): for throwaway databases (tests, demo, bench).
 pub async fn drop_database(url: &str) -> Result<(), DbError> {
-    PgConnectOptions::from_str(url).map_err(|e| DbError::BadUrl(e.to_string()))?;
-    if !Postgres::database_exists(url)
-        .await
-        .map_err(|source| DbError::Connect {
-            target: describe(url),
-            source,
-        })?
-    {
-        return Ok(());
-    }
-    Postgres::force_drop_database(url)
-        .await
-        .map_err(|source| DbError::Connect {
-            target: describe(url),
-            source,
-        })
+    let opts = PgConnectOptions::from_str(url).map_err(|e| DbError::BadUrl(e.to_string()))?;
+    let name = opts
+        .get_database()
+        .ok_or_else(|| DbError::BadUrl("no database name in the URL".into()))?
+        .to_owned();
+    // From the server's maintenance database; `WITH (FORCE)` ends the sessions and drops
+    // in one statement, so a pool still reconnecting cannot slip in between.
+    let server = connect(
+        &database_url(url, "postgres"),
+        &PoolSettings {
+            max_connections: 1,
+            ..PoolSettings::default()
+        },
+    )
+    .await?;
+    let dropped = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+        name.replace('"', "\"\"")
+    )))
+    .execute(&server)
+    .await;
+    server.close().await;
+    dropped.map(|_| ()).map_err(|source| DbError::Drop {
+        target: describe(url),
+        source,
+    })
 }
 
 /// The server's version and its `synchronous_commit` setting (the bench prints both).
