@@ -6,7 +6,7 @@
 
 use clap::{Args, Subcommand, ValueEnum};
 use oncely_core::config::{Config, parse_duration};
-use oncely_core::journal::{Journal, OpsFilter, Resolution};
+use oncely_core::journal::{Event, Journal, Operation, OpsFilter, Resolution, Review};
 use oncely_core::{IdempotencyKey, Status};
 use std::time::Duration;
 
@@ -150,177 +150,12 @@ pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
     .await?;
     let journal = Journal::new(pool);
     match cmd {
-        AdminCommand::Ops(OpsCommand::List(a)) => {
-            let older_than = a
-                .older_than
-                .as_deref()
-                .map(parse_duration)
-                .transpose()
-                .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
-            let ops = journal
-                .list(&OpsFilter {
-                    status: a.status,
-                    action_type: a.action,
-                    workflow_id: a.workflow,
-                    older_than,
-                    limit: a.limit,
-                })
-                .await?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&ops)?);
-            } else {
-                let rows: Vec<Vec<String>> = ops
-                    .iter()
-                    .map(|o| {
-                        vec![
-                            o.key.to_string(),
-                            o.action_type.clone(),
-                            o.workflow_id.clone(),
-                            o.status.to_string(),
-                            o.attempt_count.to_string(),
-                            o.provider_operation_id
-                                .clone()
-                                .unwrap_or_else(|| "-".into()),
-                            o.last_error_code.clone().unwrap_or_else(|| "-".into()),
-                            short_time(o.updated_at),
-                        ]
-                    })
-                    .collect();
-                table(
-                    &[
-                        "KEY",
-                        "ACTION",
-                        "WORKFLOW",
-                        "STATUS",
-                        "ATT",
-                        "PROVIDER ID",
-                        "ERROR",
-                        "UPDATED",
-                    ],
-                    &rows,
-                );
-            }
-            Ok(0)
-        }
+        AdminCommand::Ops(OpsCommand::List(a)) => ops_list(&journal, a).await,
         AdminCommand::Ops(OpsCommand::Show { key, payload, json }) => {
-            let key = IdempotencyKey::parse(&key)?;
-            let Some(mut op) = journal.get(&key).await? else {
-                eprintln!("no operation with key {key}");
-                return Ok(1);
-            };
-            let events = journal.events(&key).await?;
-            let reviews = journal.reviews_of(&key).await?;
-            let shown_payload = if payload { op.payload.take() } else { None };
-            if json {
-                let mut v =
-                    serde_json::json!({"operation": op, "events": events, "reviews": reviews});
-                if let Some(p) = shown_payload {
-                    v["payload"] = p;
-                }
-                println!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(0);
-            }
-            println!("key          {}", op.key);
-            println!("action       {}", op.action_type);
-            println!("tenant       {}", op.tenant.as_deref().unwrap_or("-"));
-            println!(
-                "workflow     {} / step {} / {} rev {}",
-                op.workflow_id, op.step, op.business_object, op.revision
-            );
-            println!("status       {}", op.status);
-            println!(
-                "attempts     {} (reconcile checks {})",
-                op.attempt_count, op.reconcile_checks
-            );
-            println!(
-                "provider id  {}",
-                op.provider_operation_id.as_deref().unwrap_or("-")
-            );
-            println!(
-                "last error   {}",
-                op.last_error_code.as_deref().unwrap_or("-")
-            );
-            println!(
-                "lease/due    {}{}",
-                op.lease_until.map(short_time).unwrap_or_else(|| "-".into()),
-                op.lease_owner
-                    .as_ref()
-                    .map(|o| format!(" ({o})"))
-                    .unwrap_or_default()
-            );
-            println!("payload hash {}", op.payload_hash);
-            println!(
-                "created      {}   updated {}",
-                short_time(op.created_at),
-                short_time(op.updated_at)
-            );
-            if let Some(p) = shown_payload {
-                println!("payload      {p}");
-            }
-            println!();
-            let rows: Vec<Vec<String>> = events
-                .iter()
-                .map(|e| {
-                    vec![
-                        short_time(e.at),
-                        e.from_status.clone().unwrap_or_else(|| "-".into()),
-                        e.to_status.clone(),
-                        e.attempt.to_string(),
-                        e.actor.clone(),
-                        e.reason.clone(),
-                        e.error_code
-                            .clone()
-                            .or_else(|| e.provider_operation_id.clone())
-                            .unwrap_or_else(|| "-".into()),
-                    ]
-                })
-                .collect();
-            table(
-                &["AT", "FROM", "TO", "ATT", "ACTOR", "REASON", "DETAIL"],
-                &rows,
-            );
-            for r in reviews {
-                println!();
-                println!(
-                    "review #{}: {} (opened {} by {}){}",
-                    r.id,
-                    r.reason,
-                    short_time(r.opened_at),
-                    r.opened_by,
-                    match (&r.resolution, &r.resolved_by) {
-                        (Some(res), Some(by)) => format!(
-                            " → {res} by {by}{}",
-                            r.note
-                                .as_ref()
-                                .map(|n| format!(": {n}"))
-                                .unwrap_or_default()
-                        ),
-                        _ => " — OPEN".into(),
-                    }
-                );
-            }
-            Ok(0)
+            ops_show(&journal, &key, payload, json).await
         }
         AdminCommand::Review(ReviewCommand::List { all, json }) => {
-            let reviews = journal.reviews(all).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&reviews)?);
-            } else {
-                let rows: Vec<Vec<String>> = reviews
-                    .iter()
-                    .map(|r| {
-                        vec![
-                            r.idempotency_key.clone(),
-                            r.reason.clone(),
-                            short_time(r.opened_at),
-                            r.resolution.clone().unwrap_or_else(|| "OPEN".into()),
-                            r.resolved_by.clone().unwrap_or_else(|| "-".into()),
-                        ]
-                    })
-                    .collect();
-                table(&["KEY", "REASON", "OPENED", "RESOLUTION", "BY"], &rows);
-            }
-            Ok(0)
+            review_list(&journal, all, json).await
         }
         AdminCommand::Review(ReviewCommand::Resolve {
             key,
@@ -328,63 +163,268 @@ pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
             provider_operation_id,
             by,
             note,
-        }) => {
-            let key = IdempotencyKey::parse(&key)?;
-            let resolution = match (resolution, provider_operation_id) {
-                (ResolveAs::Succeeded, Some(id)) if !id.trim().is_empty() => {
-                    Resolution::Succeeded {
-                        provider_operation_id: id,
-                    }
-                }
-                (ResolveAs::Succeeded, _) => anyhow::bail!(
-                    "--as succeeded needs --provider-operation-id (the provider's id of the effect)"
-                ),
-                (ResolveAs::Failed, None) => Resolution::Failed,
-                (ResolveAs::Retry, None) => Resolution::Retry,
-                (_, Some(_)) => {
-                    anyhow::bail!("--provider-operation-id only goes with --as succeeded")
-                }
-            };
-            if by.trim().is_empty() {
-                anyhow::bail!("--by must name who decides");
-            }
-            let op = journal
-                .resolve_review(&key, &resolution, &by, note.as_deref())
-                .await?;
-            println!("{} is now {} (resolved by {by})", op.key, op.status);
-            if op.status == Status::FailedRetryable {
-                println!(
-                    "one more attempt is authorised; the sweeper republishes it within its next pass"
-                );
-            }
-            Ok(0)
-        }
+        }) => review_resolve(&journal, &key, resolution, provider_operation_id, &by, note).await,
         AdminCommand::Purge {
             older_than,
             dry_run,
-        } => {
-            let age =
-                parse_duration(&older_than).map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
-            let mut cutoffs = Vec::new();
-            for (action, policy) in &config.actions {
-                let retention = config
-                    .providers
-                    .get(&policy.provider)
-                    .and_then(|p| p.key_retention())
-                    .unwrap_or(Duration::ZERO);
-                if age < retention {
-                    eprintln!(
-                        "note: {action} keeps operations for its provider's key retention ({retention:?}), longer than --older-than"
-                    );
-                }
-                cutoffs.push((action.clone(), age.max(retention)));
-            }
-            let n = journal.purge(&cutoffs, dry_run).await?;
-            println!(
-                "{} {n} terminal operations",
-                if dry_run { "would purge" } else { "purged" }
-            );
-            Ok(0)
-        }
+        } => purge(config, &journal, &older_than, dry_run).await,
     }
+}
+
+/// `admin ops list`.
+async fn ops_list(journal: &Journal, a: ListArgs) -> anyhow::Result<i32> {
+    let older_than = a
+        .older_than
+        .as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
+    let ops = journal
+        .list(&OpsFilter {
+            status: a.status,
+            action_type: a.action,
+            workflow_id: a.workflow,
+            older_than,
+            limit: a.limit,
+        })
+        .await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&ops)?);
+    } else {
+        let rows: Vec<Vec<String>> = ops
+            .iter()
+            .map(|o| {
+                vec![
+                    o.key.to_string(),
+                    o.action_type.clone(),
+                    o.workflow_id.clone(),
+                    o.status.to_string(),
+                    o.attempt_count.to_string(),
+                    o.provider_operation_id
+                        .clone()
+                        .unwrap_or_else(|| "-".into()),
+                    o.last_error_code.clone().unwrap_or_else(|| "-".into()),
+                    short_time(o.updated_at),
+                ]
+            })
+            .collect();
+        table(
+            &[
+                "KEY",
+                "ACTION",
+                "WORKFLOW",
+                "STATUS",
+                "ATT",
+                "PROVIDER ID",
+                "ERROR",
+                "UPDATED",
+            ],
+            &rows,
+        );
+    }
+    Ok(0)
+}
+
+/// `admin ops show KEY`: the operation, its events and its reviews.
+async fn ops_show(journal: &Journal, key: &str, payload: bool, json: bool) -> anyhow::Result<i32> {
+    let key = IdempotencyKey::parse(key)?;
+    let Some(mut op) = journal.get(&key).await? else {
+        eprintln!("no operation with key {key}");
+        return Ok(1);
+    };
+    let events = journal.events(&key).await?;
+    let reviews = journal.reviews_of(&key).await?;
+    let shown_payload = if payload { op.payload.take() } else { None };
+    if json {
+        let mut v = serde_json::json!({"operation": op, "events": events, "reviews": reviews});
+        if let Some(p) = shown_payload {
+            v["payload"] = p;
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    print_operation(&op);
+    if let Some(p) = shown_payload {
+        println!("payload      {p}");
+    }
+    println!();
+    print_events(&events);
+    print_reviews(&reviews);
+    Ok(0)
+}
+
+/// The operation's fields, one per line (never its payload).
+fn print_operation(op: &Operation) {
+    println!("key          {}", op.key);
+    println!("action       {}", op.action_type);
+    println!("tenant       {}", op.tenant.as_deref().unwrap_or("-"));
+    println!(
+        "workflow     {} / step {} / {} rev {}",
+        op.workflow_id, op.step, op.business_object, op.revision
+    );
+    println!("status       {}", op.status);
+    println!(
+        "attempts     {} (reconcile checks {})",
+        op.attempt_count, op.reconcile_checks
+    );
+    println!(
+        "provider id  {}",
+        op.provider_operation_id.as_deref().unwrap_or("-")
+    );
+    println!(
+        "last error   {}",
+        op.last_error_code.as_deref().unwrap_or("-")
+    );
+    println!(
+        "lease/due    {}{}",
+        op.lease_until.map(short_time).unwrap_or_else(|| "-".into()),
+        op.lease_owner
+            .as_ref()
+            .map(|o| format!(" ({o})"))
+            .unwrap_or_default()
+    );
+    println!("payload hash {}", op.payload_hash);
+    println!(
+        "created      {}   updated {}",
+        short_time(op.created_at),
+        short_time(op.updated_at)
+    );
+}
+
+/// The audit trail as a table.
+fn print_events(events: &[Event]) {
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            vec![
+                short_time(e.at),
+                e.from_status.clone().unwrap_or_else(|| "-".into()),
+                e.to_status.clone(),
+                e.attempt.to_string(),
+                e.actor.clone(),
+                e.reason.clone(),
+                e.error_code
+                    .clone()
+                    .or_else(|| e.provider_operation_id.clone())
+                    .unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(
+        &["AT", "FROM", "TO", "ATT", "ACTOR", "REASON", "DETAIL"],
+        &rows,
+    );
+}
+
+/// Each review with its decision, or OPEN.
+fn print_reviews(reviews: &[Review]) {
+    for r in reviews {
+        println!();
+        println!(
+            "review #{}: {} (opened {} by {}){}",
+            r.id,
+            r.reason,
+            short_time(r.opened_at),
+            r.opened_by,
+            match (&r.resolution, &r.resolved_by) {
+                (Some(res), Some(by)) => format!(
+                    " → {res} by {by}{}",
+                    r.note
+                        .as_ref()
+                        .map(|n| format!(": {n}"))
+                        .unwrap_or_default()
+                ),
+                _ => " — OPEN".into(),
+            }
+        );
+    }
+}
+
+/// `admin review list`.
+async fn review_list(journal: &Journal, all: bool, json: bool) -> anyhow::Result<i32> {
+    let reviews = journal.reviews(all).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reviews)?);
+    } else {
+        let rows: Vec<Vec<String>> = reviews
+            .iter()
+            .map(|r| {
+                vec![
+                    r.idempotency_key.clone(),
+                    r.reason.clone(),
+                    short_time(r.opened_at),
+                    r.resolution.clone().unwrap_or_else(|| "OPEN".into()),
+                    r.resolved_by.clone().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        table(&["KEY", "REASON", "OPENED", "RESOLUTION", "BY"], &rows);
+    }
+    Ok(0)
+}
+
+/// `admin review resolve KEY --as …`: the same audited transaction the review desk uses.
+async fn review_resolve(
+    journal: &Journal,
+    key: &str,
+    resolution: ResolveAs,
+    provider_operation_id: Option<String>,
+    by: &str,
+    note: Option<String>,
+) -> anyhow::Result<i32> {
+    let key = IdempotencyKey::parse(key)?;
+    let resolution = match (resolution, provider_operation_id) {
+        (ResolveAs::Succeeded, Some(id)) if !id.trim().is_empty() => Resolution::Succeeded {
+            provider_operation_id: id,
+        },
+        (ResolveAs::Succeeded, _) => anyhow::bail!(
+            "--as succeeded needs --provider-operation-id (the provider's id of the effect)"
+        ),
+        (ResolveAs::Failed, None) => Resolution::Failed,
+        (ResolveAs::Retry, None) => Resolution::Retry,
+        (_, Some(_)) => {
+            anyhow::bail!("--provider-operation-id only goes with --as succeeded")
+        }
+    };
+    if by.trim().is_empty() {
+        anyhow::bail!("--by must name who decides");
+    }
+    let op = journal
+        .resolve_review(&key, &resolution, by, note.as_deref())
+        .await?;
+    println!("{} is now {} (resolved by {by})", op.key, op.status);
+    if op.status == Status::FailedRetryable {
+        println!("one more attempt is authorised; the sweeper republishes it within its next pass");
+    }
+    Ok(0)
+}
+
+/// `admin purge --older-than AGE`: never sooner than each provider's key retention.
+async fn purge(
+    config: &Config,
+    journal: &Journal,
+    older_than: &str,
+    dry_run: bool,
+) -> anyhow::Result<i32> {
+    let age = parse_duration(older_than).map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
+    let mut cutoffs = Vec::new();
+    for (action, policy) in &config.actions {
+        let retention = config
+            .providers
+            .get(&policy.provider)
+            .and_then(|p| p.key_retention())
+            .unwrap_or(Duration::ZERO);
+        if age < retention {
+            eprintln!(
+                "note: {action} keeps operations for its provider's key retention ({retention:?}), longer than --older-than"
+            );
+        }
+        cutoffs.push((action.clone(), age.max(retention)));
+    }
+    let n = journal.purge(&cutoffs, dry_run).await?;
+    println!(
+        "{} {n} terminal operations",
+        if dry_run { "would purge" } else { "purged" }
+    );
+    Ok(0)
 }
