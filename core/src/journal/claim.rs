@@ -87,6 +87,10 @@ pub enum ClaimOutcome {
         /// The current row.
         op: Box<Operation>,
     },
+    /// The journal failed after other claims of the same call had committed, before this
+    /// delivery's fate was known: deliver it again (the won claims stand; see
+    /// [`Journal::claim_with`]).
+    Undecided,
 }
 
 impl Journal {
@@ -104,6 +108,11 @@ impl Journal {
     /// a row. A key whose row vanished there is claimed again, as if the delivery had
     /// arrived after the purge (see [`PURGE_RACE_ROUNDS`]). Tests pass a purge as
     /// `between` to provoke that race; `claim` passes nothing.
+    ///
+    /// An error is returned only while no claim of this call has committed: once one
+    /// has, a later failure (the read, a rerun) makes the deliveries still open
+    /// [`ClaimOutcome::Undecided`] and the won claims are returned — thrown away, they
+    /// would come back on a retry as this worker's own live lease and never be executed.
     pub async fn claim_with<F, Fut>(
         &self,
         requests: &[ClaimRequest<'_>],
@@ -120,15 +129,30 @@ impl Journal {
         );
         let mut out: Vec<Option<ClaimOutcome>> = vec![None; requests.len()];
         let mut todo: Vec<usize> = (0..requests.len()).collect();
+        let mut won = false;
         for _ in 0..PURGE_RACE_ROUNDS {
             if todo.is_empty() {
                 break;
             }
-            let claimed = self.claim_statement(requests, &todo, owner).await?;
+            let claimed = match self.claim_statement(requests, &todo, owner).await {
+                Ok(claimed) => claimed,
+                Err(e) if !won => return Err(e),
+                Err(e) => return Ok(undecided_after(e, out)),
+            };
+            // Committed: from here on these claims are reported whatever fails next.
+            won |= !claimed.is_empty();
+            for (i, claim) in claimed {
+                out[i] = Some(ClaimOutcome::Claimed(claim));
+            }
             between().await;
-            todo = self
-                .read_not_claimed(requests, todo, claimed, &mut out)
-                .await?;
+            todo = match self.read_not_claimed(requests, todo, &mut out).await {
+                Ok(vanished) => vanished,
+                Err(e) if !won => return Err(e),
+                Err(e) => return Ok(undecided_after(e, out)),
+            };
+        }
+        if won {
+            return Ok(undecided_after(purged_meanwhile(), out));
         }
         out.into_iter()
             .collect::<Option<Vec<_>>>()
@@ -187,41 +211,51 @@ impl Journal {
         Ok(claimed)
     }
 
-    /// Fill `out` for `todo`: the won claims, and for the rest the row as it is now with
-    /// why it was not claimed (one read for all of them). Returns the indices whose row
-    /// vanished before the read (purged meanwhile), to be claimed again.
+    /// Fill `out` for the deliveries of `todo` this round did not claim (their `out` is
+    /// still empty): the row as it is now, with why it was not claimed (one read for all
+    /// of them). Returns the indices whose row vanished before the read (purged
+    /// meanwhile), to be claimed again.
     async fn read_not_claimed(
         &self,
         requests: &[ClaimRequest<'_>],
         todo: Vec<usize>,
-        mut claimed: HashMap<usize, Claim>,
         out: &mut [Option<ClaimOutcome>],
     ) -> Result<Vec<usize>, JournalError> {
-        let to_read: Vec<String> = todo
+        let open: Vec<usize> = todo.into_iter().filter(|&i| out[i].is_none()).collect();
+        let to_read: Vec<String> = open
             .iter()
-            .filter(|i| !claimed.contains_key(i))
             .map(|&i| requests[i].envelope.key.as_str().to_owned())
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
         let current = self.get_many_by_text(&to_read).await?;
         let mut vanished = Vec::new();
-        for i in todo {
+        for i in open {
             let envelope = requests[i].envelope;
-            out[i] = match (claimed.remove(&i), current.get(envelope.key.as_str())) {
-                (Some(claim), _) => Some(ClaimOutcome::Claimed(claim)),
-                (None, Some(op)) => Some(ClaimOutcome::NotClaimed {
-                    why: classify(op, envelope),
-                    op: Box::new(op.clone()),
-                }),
-                (None, None) => {
-                    vanished.push(i);
-                    None
+            match current.get(envelope.key.as_str()) {
+                Some(op) => {
+                    out[i] = Some(ClaimOutcome::NotClaimed {
+                        why: classify(op, envelope),
+                        op: Box::new(op.clone()),
+                    })
                 }
-            };
+                None => vanished.push(i),
+            }
         }
         Ok(vanished)
     }
+}
+
+/// The outcomes once a claim of the call has committed and `error` stopped the rest:
+/// every delivery not yet decided is [`ClaimOutcome::Undecided`].
+fn undecided_after(error: JournalError, out: Vec<Option<ClaimOutcome>>) -> Vec<ClaimOutcome> {
+    let open = out.iter().filter(|o| o.is_none()).count();
+    if open > 0 {
+        tracing::warn!(error = %error, open, "journal failed after a committed claim; the won claims stand, the rest are delivered again");
+    }
+    out.into_iter()
+        .map(|o| o.unwrap_or(ClaimOutcome::Undecided))
+        .collect()
 }
 
 /// Why an existing row was not claimed for this envelope.

@@ -104,12 +104,16 @@ impl Journal {
         actor: &str,
     ) -> Result<HashSet<usize>, JournalError> {
         let (cols, first, _) = Columns::first_of_each_key(todo, |i| &envelopes[i]);
+        // `ORDER BY k`: a unique-index insert waits for another transaction's uncommitted
+        // row with the same key, so two producers inserting the same keys in opposite
+        // orders would wait for each other (deadlock, 40P01) without one fixed order.
         let inserted: Vec<String> = bind_columns!(sqlx::query_scalar(
             "INSERT INTO agent_operations (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
                  revision, payload_hash, payload, status, last_actor, last_reason) \
              SELECT k, a, t, w, s, b, r, h, p::jsonb, 'planned', $10, 'recorded' \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
                          $8::text[], $9::text[]) AS x(k, a, t, w, s, b, r, h, p) \
+             ORDER BY k \
              ON CONFLICT (idempotency_key) DO NOTHING \
              RETURNING idempotency_key",
         ), cols)

@@ -104,6 +104,7 @@ async fn two_concurrent_claims_one_winner_fifty_times() {
                     wins += 1;
                 }
                 ClaimOutcome::NotClaimed { why, .. } => assert_eq!(why, NotClaimed::LeaseLive),
+                ClaimOutcome::Undecided => panic!("a one-delivery claim is never undecided"),
             }
         }
         assert_eq!(wins, 1, "round {round}: exactly one claim wins");
@@ -654,4 +655,97 @@ async fn claims_of_the_same_keys_in_opposite_orders_do_not_deadlock() {
         }
         assert_eq!(claimed, 40, "round {round}: every key claimed exactly once");
     }
+}
+
+/// Two producers recording the same new keys in opposite orders must not deadlock: a
+/// unique-index insert waits for the other transaction's uncommitted row with the same
+/// key, so without a fixed order each waits for the other and Postgres answers
+/// `deadlock detected` (40P01) to one of them — an enqueue error for an agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_the_same_keys_in_opposite_orders_do_not_deadlock() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    for round in 0..10 {
+        let mut forward: Vec<Envelope> = (0..40)
+            .map(|i| envelope(&format!("rec-order-{round}"), &format!("obj-{i}"), pay(i)))
+            .collect();
+        let reversed: Vec<Envelope> = forward.iter().rev().cloned().collect();
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let tasks: Vec<_> = [std::mem::take(&mut forward), reversed]
+            .into_iter()
+            .map(|envs| {
+                let (j, barrier) = (j.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    j.record_many(&envs, "producer")
+                        .await
+                        .map(|out| out.iter().filter(|r| matches!(r, Recorded::New)).count())
+                })
+            })
+            .collect();
+        let mut new = 0;
+        for t in tasks {
+            match t.await.expect("task") {
+                Ok(n) => new += n,
+                Err(e) => panic!("round {round}: a record failed: {e}"),
+            }
+        }
+        assert_eq!(
+            new, 40,
+            "round {round}: every key recorded as new exactly once"
+        );
+    }
+}
+
+/// A claim that committed must never be thrown away: when the journal fails *after* the
+/// claim statement (here: the read of the rows it did not claim), the won claims still come
+/// back and the rest are `Undecided` (deliver again). Before, the whole call failed; the
+/// worker retried it, found its own live lease on the won rows (`LeaseLive`), acked them
+/// without calling the provider, and each became an `unknown` for the reconciler.
+#[tokio::test]
+async fn a_journal_error_after_the_claim_keeps_the_won_claims() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let busy = envelope("keep-claims", "busy", pay(1));
+    let fresh = envelope("keep-claims", "fresh", pay(2));
+    j.record(&busy, "producer").await.expect("record");
+    assert!(matches!(
+        claim_one(&j, &busy, "other-worker", LEASE).await,
+        ClaimOutcome::Claimed(_)
+    ));
+    // The journal of the worker under test has a pool of its own, closed in the one
+    // window between the claim statement and the read.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&db.url)
+        .await
+        .expect("pool");
+    let mine = Journal::new(pool.clone());
+    let reqs = [
+        ClaimRequest {
+            envelope: &fresh,
+            lease: LEASE,
+        },
+        ClaimRequest {
+            envelope: &busy,
+            lease: LEASE,
+        },
+    ];
+    let out = mine
+        .claim_with(&reqs, "w-under-test", || {
+            let pool = pool.clone();
+            async move { pool.close().await }
+        })
+        .await
+        .expect("a committed claim is reported, not lost in an error");
+    assert!(
+        matches!(&out[0], ClaimOutcome::Claimed(c) if c.key == fresh.key),
+        "{out:?}"
+    );
+    assert_eq!(out[1], ClaimOutcome::Undecided, "{out:?}");
+    let op = j.get(&fresh.key).await.expect("get").expect("row");
+    assert_eq!(
+        (op.status, op.lease_owner.as_deref()),
+        (Status::Executing, Some("w-under-test"))
+    );
 }

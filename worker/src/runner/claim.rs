@@ -57,6 +57,7 @@ pub(super) async fn claim_and_dispatch(
             ClaimOutcome::NotClaimed { why, op } => {
                 effects::not_claimed(ctx, publisher, v, decide::disposition(why), &op).await
             }
+            ClaimOutcome::Undecided => effects::requeue(&v.inc.delivery).await,
         }
     }
 }
