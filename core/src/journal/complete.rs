@@ -159,12 +159,14 @@ impl Batch {
                     provider_operation_id,
                     result,
                 } => (
-                    Some(provider_operation_id.clone()),
-                    Some(result.to_string()),
+                    Some(storable(provider_operation_id)),
+                    Some(storable_json(result)),
                     None,
                     None,
                 ),
-                Verdict::FailedFinal { error_code } => (None, None, Some(error_code.clone()), None),
+                Verdict::FailedFinal { error_code } => {
+                    (None, None, Some(storable(error_code)), None)
+                }
                 Verdict::FailedRetryable {
                     error_code,
                     retry_in: delay,
@@ -175,7 +177,7 @@ impl Batch {
                 } => (
                     None,
                     None,
-                    Some(error_code.clone()),
+                    Some(storable(error_code)),
                     Some(delay.as_secs_f64()),
                 ),
             };
@@ -191,6 +193,34 @@ impl Batch {
             b.late_ok.push(c.accepts_late());
         }
         Ok(b)
+    }
+}
+
+/// A provider's text as Postgres can store it: `text` and `jsonb` refuse U+0000, which an
+/// outside answer may well contain (an echoed field, a C string). Without this, one such
+/// answer failed its whole completion batch; it becomes U+FFFD instead.
+fn storable(text: &str) -> String {
+    text.replace('\0', "\u{FFFD}")
+}
+
+/// [`storable`] for every string (keys included) of a JSON answer, serialized.
+fn storable_json(value: &Value) -> String {
+    fn clean(v: &Value) -> Value {
+        match v {
+            Value::String(s) => Value::String(storable(s)),
+            Value::Array(items) => Value::Array(items.iter().map(clean).collect()),
+            Value::Object(map) => {
+                Value::Object(map.iter().map(|(k, v)| (storable(k), clean(v))).collect())
+            }
+            other => other.clone(),
+        }
+    }
+    let text = value.to_string();
+    // Fast path: serde_json writes U+0000 as `\u0000`; without that text there is none.
+    if text.contains("\\u0000") {
+        clean(value).to_string()
+    } else {
+        text
     }
 }
 

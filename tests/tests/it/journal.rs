@@ -749,3 +749,38 @@ async fn a_journal_error_after_the_claim_keeps_the_won_claims() {
         (Status::Executing, Some("w-under-test"))
     );
 }
+
+/// A provider answer holding U+0000 (which Postgres' `text` and `jsonb` refuse) is stored
+/// with U+FFFD instead, and does not fail the other completions of its batch. Before, the
+/// whole batch failed for good and every call in it ended as an `unknown`.
+#[tokio::test]
+async fn an_answer_with_a_nul_character_does_not_fail_its_batch() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let nul = envelope("nul-answer", "nul", pay(1));
+    let plain = envelope("nul-answer", "plain", pay(2));
+    let mut completions = Vec::new();
+    for e in [&nul, &plain] {
+        j.record(e, "producer").await.expect("record");
+        let ClaimOutcome::Claimed(c) = claim_one(&j, e, "w", LEASE).await else {
+            panic!("claimable")
+        };
+        completions.push(success(e, c.attempt, "po_1"));
+    }
+    completions[0].verdict = Verdict::Succeeded {
+        provider_operation_id: "po\u{0}1".into(),
+        result: json!({"id": "po\u{0}1", "echo\u{0}": ["a\u{0}b", {"n": 1}]}),
+    };
+    j.complete_batch(&completions, "w")
+        .await
+        .expect("one statement for both");
+    let op = j.get(&nul.key).await.expect("get").expect("row");
+    assert_eq!(op.status, Status::Succeeded);
+    assert_eq!(op.provider_operation_id.as_deref(), Some("po\u{FFFD}1"));
+    assert_eq!(
+        op.result_json,
+        Some(json!({"id": "po\u{FFFD}1", "echo\u{FFFD}": ["a\u{FFFD}b", {"n": 1}]}))
+    );
+    let op = j.get(&plain.key).await.expect("get").expect("row");
+    assert_eq!(op.status, Status::Succeeded);
+}
