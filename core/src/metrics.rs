@@ -17,6 +17,9 @@ pub const INVALID_MESSAGES: &str = "oncely_invalid_messages_total";
 pub const TRANSITIONS: &str = "oncely_transitions_total";
 /// Provider call latency (seconds), by `provider` and `outcome`.
 pub const PROVIDER_CALL_SECONDS: &str = "oncely_provider_call_seconds";
+/// Calls a provider turned away at the door, by `provider` and `reason` (auth = 401/403,
+/// tls_certificate, tls_handshake): fixing them takes a person, not a retry.
+pub const PROVIDER_REFUSALS: &str = "oncely_provider_refusals_total";
 /// Deliveries per claim statement.
 pub const CLAIM_BATCH_SIZE: &str = "oncely_claim_batch_size";
 /// Journal statement latency (seconds), by `statement`.

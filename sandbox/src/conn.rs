@@ -6,6 +6,11 @@
 //! So every accepted socket gets its own hyper HTTP/1 connection task, and
 //! every request on it carries a [`ConnSignal`] (a request extension) through
 //! which the handler tells that task to drop the connection.
+//!
+//! The same loop serves the TLS listener ([`crate::Sandbox::serve_tls`]): each accepted
+//! socket first meets the TLS faults (dropped or stalled before the handshake), then is
+//! handshaken by rustls, then served exactly like a plain one — so every request-level
+//! fault (a reset after the request, a timeout after accepting) also happens over TLS.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,12 +21,44 @@ use hyper::body::Incoming;
 use hyper::service::{Service as _, service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+
+use crate::injector::TlsFault;
+use crate::state::State;
 
 /// How long open connections may finish their requests after shutdown starts.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Longest a client may take over its side of the handshake, and longest a stalled
+/// handshake is held.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(30);
+
+/// A served connection: plain TCP or TLS over it (the TCP socket is needed to reset).
+pub(crate) trait Socket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Socket for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Socket for tokio_rustls::server::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+}
+
+/// What the TLS listener needs: the handshake config and the faults to apply first.
+#[derive(Clone)]
+pub(crate) struct TlsSide {
+    pub acceptor: TlsAcceptor,
+    pub state: Arc<State>,
+}
 
 /// How a handler wants its connection to end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +98,7 @@ pub(crate) async fn shutdown_requested(rx: &mut watch::Receiver<bool>) {
 pub(crate) async fn accept_loop(
     listener: TcpListener,
     router: Router,
+    tls: Option<TlsSide>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut conns = JoinSet::new();
@@ -69,7 +107,14 @@ pub(crate) async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     tracing::debug!(%peer, "connection accepted");
-                    conns.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+                    match &tls {
+                        None => {
+                            conns.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+                        }
+                        Some(tls) => {
+                            conns.spawn(serve_tls(stream, tls.clone(), router.clone(), shutdown.clone()));
+                        }
+                    }
                 }
                 Err(e) => {
                     // Typically EMFILE; back off instead of spinning.
@@ -92,8 +137,36 @@ pub(crate) async fn accept_loop(
     tracing::debug!("accept loop stopped");
 }
 
-async fn serve_connection(stream: TcpStream, router: Router, mut shutdown: watch::Receiver<bool>) {
-    let _ = stream.set_nodelay(true);
+/// The TLS faults, the handshake, then [`serve_connection`].
+async fn serve_tls(
+    stream: TcpStream,
+    tls: TlsSide,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    match tls.state.tls_fault() {
+        Some(TlsFault::Drop) => return,
+        Some(TlsFault::Stall) => {
+            // Hold the socket unread until the client gives up (or we stop).
+            let _ = tokio::time::timeout(HANDSHAKE_LIMIT, shutdown_requested(&mut shutdown)).await;
+            drop(stream);
+            return;
+        }
+        None => {}
+    }
+    match tokio::time::timeout(HANDSHAKE_LIMIT, tls.acceptor.accept(stream)).await {
+        Ok(Ok(secured)) => serve_connection(secured, router, shutdown).await,
+        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!("TLS handshake timed out"),
+    }
+}
+
+async fn serve_connection<S: Socket>(
+    stream: S,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.tcp().set_nodelay(true);
     let (tx, mut abort) = watch::channel(None);
     let signal = ConnSignal(Arc::new(tx));
     let tower = TowerToHyperService::new(router);
@@ -121,7 +194,7 @@ async fn serve_connection(stream: TcpStream, router: Router, mut shutdown: watch
                 match (changed, action) {
                     (Ok(()), Some(Abort::Reset)) => {
                         let parts = conn.into_parts();
-                        if let Err(e) = parts.io.inner().set_zero_linger() {
+                        if let Err(e) = parts.io.inner().tcp().set_zero_linger() {
                             tracing::debug!(error = %e, "SO_LINGER 0 failed; plain close");
                         }
                         return;

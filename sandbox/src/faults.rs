@@ -175,6 +175,12 @@ pub struct Faults {
     pub forget_keys_after_ms: Option<u64>,
     /// Rules checked in order; the first one that applies wins.
     pub rules: Vec<FaultRule>,
+    /// On the TLS listener: the share of connections closed before the handshake is
+    /// answered (the client's handshake fails; nothing was sent).
+    pub tls_drop_rate: f64,
+    /// On the TLS listener: the share of connections held without answering the
+    /// handshake (the client's connect times out; nothing was sent).
+    pub tls_stall_rate: f64,
 }
 
 /// A fault config that was refused; `field` names the offending field
@@ -197,12 +203,14 @@ impl FaultConfigError {
     }
 }
 
-const FAULT_FIELDS: [&str; 5] = [
+const FAULT_FIELDS: [&str; 7] = [
     "seed",
     "latency_ms",
     "lookup_disabled",
     "forget_keys_after_ms",
     "rules",
+    "tls_drop_rate",
+    "tls_stall_rate",
 ];
 const RULE_FIELDS: [&str; 8] = [
     "provider",
@@ -273,6 +281,9 @@ impl Faults {
                 "forget_keys_after_ms",
                 "a non-negative integer or null",
             )?,
+            tls_drop_rate: field(obj, "tls_drop_rate", "tls_drop_rate", "a number")?.unwrap_or(0.0),
+            tls_stall_rate: field(obj, "tls_stall_rate", "tls_stall_rate", "a number")?
+                .unwrap_or(0.0),
             ..Faults::default()
         };
         match obj.get("lookup_disabled") {
@@ -310,6 +321,23 @@ impl Faults {
 
     /// Checks the ranges that types cannot express (rates, statuses, keys).
     pub fn validate(&self) -> Result<(), FaultConfigError> {
+        for (name, rate) in [
+            ("tls_drop_rate", self.tls_drop_rate),
+            ("tls_stall_rate", self.tls_stall_rate),
+        ] {
+            if !(rate.is_finite() && (0.0..=1.0).contains(&rate)) {
+                return Err(FaultConfigError::new(
+                    name,
+                    format!("must be a number in [0, 1], got {rate}"),
+                ));
+            }
+        }
+        if self.tls_drop_rate + self.tls_stall_rate > 1.0 {
+            return Err(FaultConfigError::new(
+                "tls_stall_rate",
+                "tls_drop_rate + tls_stall_rate must be at most 1",
+            ));
+        }
         for (i, rule) in self.rules.iter().enumerate() {
             let at = |f: &str| format!("rules[{i}].{f}");
             if !(rule.rate.is_finite() && (0.0..=1.0).contains(&rule.rate)) {

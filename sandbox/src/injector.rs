@@ -17,7 +17,19 @@ use crate::rng::SplitMix64;
 pub(crate) struct Injector {
     faults: Faults,
     rng: SplitMix64,
+    /// A generator of its own for handshakes, so that turning TLS faults on does not
+    /// change which requests the rules pick for a given seed.
+    tls_rng: SplitMix64,
     used: Vec<u64>,
+}
+
+/// What happens to one connection on the TLS listener before its handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsFault {
+    /// Closed before the server's first handshake byte.
+    Drop,
+    /// Held open, unanswered.
+    Stall,
 }
 
 /// What was decided for one execute request.
@@ -33,6 +45,7 @@ impl Injector {
     pub fn new(faults: Faults) -> Self {
         Injector {
             rng: SplitMix64::new(faults.seed),
+            tls_rng: SplitMix64::new(faults.seed ^ 0x7715_7715_7715_7715),
             used: vec![0; faults.rules.len()],
             faults,
         }
@@ -44,6 +57,22 @@ impl Injector {
 
     pub fn lookup_disabled(&self, provider: Provider) -> bool {
         self.faults.lookup_disabled.contains(&provider)
+    }
+
+    /// One draw per TLS connection (none when no TLS fault is configured).
+    pub fn tls_fault(&mut self) -> Option<TlsFault> {
+        let (drop, stall) = (self.faults.tls_drop_rate, self.faults.tls_stall_rate);
+        if drop + stall <= 0.0 {
+            return None;
+        }
+        let draw = self.tls_rng.next_f64();
+        if draw < drop {
+            Some(TlsFault::Drop)
+        } else if draw < drop + stall {
+            Some(TlsFault::Stall)
+        } else {
+            None
+        }
     }
 
     pub fn forget_after(&self) -> Option<Duration> {

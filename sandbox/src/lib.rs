@@ -45,8 +45,10 @@ pub use store::{RecordStatus, RecordView};
 pub struct Sandbox {
     addr: SocketAddr,
     state: Arc<state::State>,
+    router: axum::Router,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
+    tls_tasks: Vec<JoinHandle<()>>,
 }
 
 /// Binds `listen` (port 0 picks a free port) and serves in a background task.
@@ -61,13 +63,20 @@ pub async fn spawn(listen: SocketAddr) -> anyhow::Result<Sandbox> {
         state: state.clone(),
         shutdown: shutdown_rx.clone(),
     });
-    let task = tokio::spawn(conn::accept_loop(listener, router, shutdown_rx));
+    let task = tokio::spawn(conn::accept_loop(
+        listener,
+        router.clone(),
+        None,
+        shutdown_rx,
+    ));
     tracing::info!(%addr, "sandbox listening");
     Ok(Sandbox {
         addr,
         state,
+        router,
         shutdown,
         task,
+        tls_tasks: Vec::new(),
     })
 }
 
@@ -92,6 +101,39 @@ impl Sandbox {
         self.state.set_faults(faults)
     }
 
+    /// Serves the same endpoints (same records, effects and faults) over TLS on
+    /// `listen` too, with `config`'s certificate; returns the bound address. Each new
+    /// TLS connection first meets the TLS faults (`tls_drop_rate`, `tls_stall_rate`).
+    pub async fn serve_tls(
+        &mut self,
+        listen: SocketAddr,
+        config: Arc<rustls::ServerConfig>,
+    ) -> anyhow::Result<SocketAddr> {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let tls = conn::TlsSide {
+            acceptor: tokio_rustls::TlsAcceptor::from(config),
+            state: self.state.clone(),
+        };
+        self.tls_tasks.push(tokio::spawn(conn::accept_loop(
+            listener,
+            self.router.clone(),
+            Some(tls),
+            self.shutdown.subscribe(),
+        )));
+        tracing::info!(%addr, "sandbox listening with TLS");
+        Ok(addr)
+    }
+
+    /// From now on provider requests (not the control API) without `name: value` are
+    /// answered `401 {"error":"unauthorized"}` and counted in `unauthorized_401`, as a
+    /// provider checking its API key would.
+    pub fn require_header(&self, name: &str, value: &str) {
+        self.state.require_header(name, value);
+    }
+
     /// The ground-truth effect ledger, read directly.
     pub fn effects(&self) -> Effects {
         self.state.effects()
@@ -100,8 +142,10 @@ impl Sandbox {
     /// Stops accepting, lets open requests finish (briefly), and waits.
     pub async fn shutdown(self) {
         self.shutdown.send_replace(true);
-        if let Err(e) = self.task.await {
-            tracing::warn!(error = %e, "sandbox task ended abnormally");
+        for task in std::iter::once(self.task).chain(self.tls_tasks) {
+            if let Err(e) = task.await {
+                tracing::warn!(error = %e, "sandbox task ended abnormally");
+            }
         }
         tracing::info!(addr = %self.addr, "sandbox stopped");
     }

@@ -75,6 +75,9 @@ async fn execute(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if !app.state.authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, "unauthorized");
+    }
     let Some(provider) = Provider::from_resource(&resource) else {
         return unknown_resource();
     };
@@ -165,7 +168,11 @@ async fn lookup(
     AxumState(app): AxumState<App>,
     Path(resource): Path<String>,
     Query(q): Query<LookupQuery>,
+    headers: HeaderMap,
 ) -> Response {
+    if !app.state.authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, "unauthorized");
+    }
     let Some(provider) = Provider::from_resource(&resource) else {
         return unknown_resource();
     };

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::effects::{Effects, Ledger};
 use crate::faults::{FaultConfigError, FaultMode, Faults};
-use crate::injector::{Decision, Injector};
+use crate::injector::{Decision, Injector, TlsFault};
 use crate::provider::Provider;
 use crate::stats::Stats;
 use crate::store::{Arrival, Completion, RecordView, SavedResponse, Store};
@@ -83,6 +83,8 @@ struct Inner {
 #[derive(Debug)]
 pub(crate) struct State {
     inner: Mutex<Inner>,
+    /// A header every provider request must carry (name in lower case, value).
+    required_header: Mutex<Option<(String, String)>>,
 }
 
 fn unavailable(status: u16) -> SavedResponse {
@@ -101,7 +103,37 @@ impl State {
                 stats: Stats::default(),
                 injector: Injector::new(Faults::default()),
             }),
+            required_header: Mutex::new(None),
         }
+    }
+
+    /// From now on, provider requests without `name: value` are answered 401.
+    pub fn require_header(&self, name: &str, value: &str) {
+        let mut required = self
+            .required_header
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *required = Some((name.to_ascii_lowercase(), value.to_owned()));
+    }
+
+    /// Whether a provider request's headers pass [`State::require_header`] (counted
+    /// in the stats when they do not).
+    pub fn authorized(&self, headers: &axum::http::HeaderMap) -> bool {
+        let required = self
+            .required_header
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some((name, value)) = required else {
+            return true;
+        };
+        let ok = headers
+            .get(&name)
+            .is_some_and(|v| v.as_bytes() == value.as_bytes());
+        if !ok {
+            self.lock().stats.unauthorized_401 += 1;
+        }
+        ok
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -194,6 +226,18 @@ impl State {
             LookupBy::Reference(reference) => store.by_reference(reference, now, forget),
         };
         found.map_or(Lookup::NotFound, Lookup::Found)
+    }
+
+    /// The fault for one new connection on the TLS listener, counted.
+    pub fn tls_fault(&self) -> Option<TlsFault> {
+        let mut inner = self.lock();
+        let fault = inner.injector.tls_fault();
+        match fault {
+            Some(TlsFault::Drop) => inner.stats.faults.tls_dropped += 1,
+            Some(TlsFault::Stall) => inner.stats.faults.tls_stalled += 1,
+            None => {}
+        }
+        fault
     }
 
     pub fn faults(&self) -> Faults {

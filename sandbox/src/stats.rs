@@ -45,6 +45,12 @@ pub struct FaultCounts {
     pub latency: u64,
     /// Lookups refused because lookup is disabled for the provider.
     pub lookup_disabled: u64,
+    /// TLS connections closed before the handshake (`tls_drop_rate`).
+    #[serde(default)]
+    pub tls_dropped: u64,
+    /// TLS connections held unanswered (`tls_stall_rate`).
+    #[serde(default)]
+    pub tls_stalled: u64,
 }
 
 /// Body of `GET /control/stats`.
@@ -60,6 +66,9 @@ pub struct Stats {
     pub conflicts_422: u64,
     /// Execute requests refused because the key was in flight.
     pub in_flight_409: u64,
+    /// Provider requests refused 401 for lacking the required header.
+    #[serde(default)]
+    pub unauthorized_401: u64,
     /// Faults injected, by mode.
     pub faults: FaultCounts,
 }

@@ -108,6 +108,10 @@ pub struct FleetOptions {
     pub configure: Option<fn(&mut Config)>,
     /// The broker (default: the machine's, [`amqp_url`]); a private node for restart tests.
     pub amqp_url: Option<String>,
+    /// Reach the sandbox over TLS: a test CA, the sandbox's TLS listener with a
+    /// certificate for `localhost`, and every provider at `https://localhost:PORT` with
+    /// `ca_file` set to the CA.
+    pub tls: bool,
 }
 
 impl Default for FleetOptions {
@@ -120,6 +124,7 @@ impl Default for FleetOptions {
             reconciler: None,
             configure: None,
             amqp_url: None,
+            tls: false,
         }
     }
 }
@@ -196,6 +201,8 @@ pub struct Fleet {
     pub db: TestDb,
     /// The sandbox (in process).
     pub sandbox: oncely_sandbox::Sandbox,
+    /// The test CA the providers trust, when the fleet reaches the sandbox over TLS.
+    pub ca: Option<crate::tls::TestCa>,
     /// The broker prefix.
     pub prefix: String,
     /// A directory for the config file and logs.
@@ -221,14 +228,32 @@ impl Fleet {
     pub async fn with(o: FleetOptions) -> Fleet {
         let amqp_url = o.amqp_url.clone().unwrap_or_else(crate::amqp_url);
         let db = TestDb::new().await;
-        let sandbox =
-            oncely_sandbox::spawn("127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")))
-                .await
-                .unwrap_or_else(|e| panic!("sandbox: {e}"));
+        let local = || "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
+        let mut sandbox = oncely_sandbox::spawn(local())
+            .await
+            .unwrap_or_else(|e| panic!("sandbox: {e}"));
         let prefix = unique_name("t");
         let dir = std::env::temp_dir().join(&prefix);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-        let config = o.config(&db.url, &amqp_url, &prefix, &sandbox.base_url());
+        let (ca, base_url) = if o.tls {
+            let ca = crate::tls::TestCa::new(&dir, "ca");
+            let server = ca.server_config(&["localhost"], crate::tls::Validity::Current);
+            let addr = sandbox
+                .serve_tls(local(), server)
+                .await
+                .unwrap_or_else(|e| panic!("sandbox TLS: {e}"));
+            (Some(ca), format!("https://localhost:{}", addr.port()))
+        } else {
+            (None, sandbox.base_url())
+        };
+        let mut config = o.config(&db.url, &amqp_url, &prefix, &base_url);
+        if let Some(ca) = &ca {
+            for provider in config.providers.values_mut() {
+                match provider {
+                    ProviderConfig::Http(http) => http.ca_file = Some(ca.ca_file().to_owned()),
+                }
+            }
+        }
         let toml = config
             .to_toml()
             .unwrap_or_else(|e| panic!("test config: {e}"));
@@ -254,6 +279,7 @@ impl Fleet {
         Fleet {
             db,
             sandbox,
+            ca,
             prefix,
             dir,
             config_path,

@@ -143,6 +143,7 @@ pub mod chaos;
 pub mod failpoint_worker;
 pub mod fleet;
 pub mod private_broker;
+pub mod tls;
 
 /// A TCP port free right now on 127.0.0.1 (for a process that binds it next).
 pub fn free_port() -> u16 {

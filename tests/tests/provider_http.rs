@@ -385,7 +385,7 @@ async fn statuses_and_missing_ids_are_classified() -> Result {
         ),
         (
             401,
-            Outcome::NotSent {
+            Outcome::Rejected {
                 code: "http_401".into(),
             },
         ),

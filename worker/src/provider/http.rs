@@ -13,6 +13,8 @@
 //! [`Error::is_connect`]: hyper_util::client::legacy::Error::is_connect
 
 use std::error::Error as StdError;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt as _, Full, Limited};
@@ -20,11 +22,12 @@ use hyper::body::Bytes;
 use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue};
 use hyper::{Method, Request, Uri};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
+use hyper_util::client::legacy::connect::capture_connection;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use oncely_core::config::{ConfigError, HttpProviderConfig};
 use serde_json::{Map, Value};
 
+use super::transport::{ConnectFailure, Connector, Tls};
 use super::{BoxFuture, Call, Capabilities, Outcome, Provider, Remote};
 
 /// Largest response body read; a bigger one is treated as unreadable.
@@ -38,7 +41,13 @@ const ECHOED_KEY_POINTER: &str = "/idempotency_key";
 #[derive(Debug)]
 pub struct HttpProvider {
     name: String,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<Connector, Full<Bytes>>,
+    /// Configured headers (credentials included), resolved and marked sensitive.
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// Whether a refusal of our credentials (401/403) was already logged.
+    auth_reported: AtomicBool,
+    /// Whether a failed TLS handshake was already logged.
+    tls_reported: AtomicBool,
     /// `base_url` without a trailing `/`.
     base: String,
     execute_uri: Uri,
@@ -84,9 +93,25 @@ impl HttpProvider {
         let base_uri: Uri = base
             .parse()
             .map_err(|e| invalid("base_url", format!("not a URL: {e}")))?;
-        if base_uri.scheme_str() != Some("http") || base_uri.authority().is_none() {
-            return Err(invalid("base_url", "must be http://host[:port]".into()));
-        }
+        let tls = match (base_uri.scheme_str(), base_uri.host()) {
+            (Some("https"), Some(host)) => Some(
+                Tls::new(host, config.ca_file.as_deref().map(Path::new)).map_err(|e| {
+                    let at = if config.ca_file.is_some() {
+                        "ca_file"
+                    } else {
+                        "base_url"
+                    };
+                    invalid(at, e)
+                })?,
+            ),
+            (Some("http"), Some(_)) => None,
+            _ => {
+                return Err(invalid(
+                    "base_url",
+                    "must be https://host[:port] (or http://)".into(),
+                ));
+            }
+        };
         if base_uri.query().is_some() {
             return Err(invalid("base_url", "must not carry a query".into()));
         }
@@ -125,10 +150,8 @@ impl HttpProvider {
                 )
             })?;
 
-        let mut connector = HttpConnector::new();
-        connector.enforce_http(true);
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
+        let headers = super::credentials::resolve(name, config)?;
+        let connector = Connector::new(tls, config.connect_timeout);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
@@ -138,6 +161,9 @@ impl HttpProvider {
         Ok(HttpProvider {
             name: name.to_owned(),
             client,
+            headers,
+            auth_reported: AtomicBool::new(false),
+            tls_reported: AtomicBool::new(false),
             base,
             execute_uri,
             lookup_path: config.lookup_path.clone(),
@@ -160,9 +186,19 @@ impl HttpProvider {
 
     /// One request with the whole-call timeout around it (body read included).
     async fn exchange(&self, mut request: Request<Full<Bytes>>) -> Exchange {
+        request.headers_mut().extend(self.headers.iter().cloned());
         let captured = capture_connection(&mut request);
         match tokio::time::timeout(self.timeout, self.round_trip(request)).await {
-            Ok(exchange) => exchange,
+            Ok(exchange) => {
+                if let Exchange::Answered {
+                    status: status @ (401 | 403),
+                    ..
+                } = exchange
+                {
+                    self.report_auth_refused(status);
+                }
+                exchange
+            }
             // No connection was ever handed to the request: nothing was written.
             Err(_) if captured.connection_metadata().is_none() => {
                 Exchange::NotSent("connect_timeout")
@@ -175,7 +211,14 @@ impl HttpProvider {
     async fn round_trip(&self, request: Request<Full<Bytes>>) -> Exchange {
         let response = match self.client.request(request).await {
             Ok(r) => r,
-            Err(e) if e.is_connect() => return Exchange::NotSent("connect_failed"),
+            Err(e) if e.is_connect() => {
+                let failure = ConnectFailure::find(&e);
+                let code = failure.map_or("connect_failed", ConnectFailure::code);
+                if let Some(tls @ ConnectFailure::Tls(_)) = failure {
+                    self.report_tls_failure(code, tls);
+                }
+                return Exchange::NotSent(code);
+            }
             Err(e) => return Exchange::Lost(lost_code(&e)),
         };
         let status = response.status().as_u16();
@@ -188,6 +231,38 @@ impl HttpProvider {
                 body: body.to_bytes(),
             },
             Err(_) => Exchange::BodyFailed { status },
+        }
+    }
+
+    /// 401/403: our credentials are wrong or lack a permission. Every call fails the
+    /// same way until a person fixes them, so it is logged once per provider (the
+    /// counter counts each refusal) instead of once per operation.
+    fn report_auth_refused(&self, status: u16) {
+        let reason = "auth";
+        metrics::counter!(oncely_core::metrics::PROVIDER_REFUSALS, "provider" => self.name.clone(), "reason" => reason).increment(1);
+        if !self.auth_reported.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                provider = %self.name,
+                status,
+                "the provider refused oncely's credentials: its operations fail until the \
+                 headers or basic_auth of this provider are fixed (logged once)",
+            );
+        }
+    }
+
+    /// A failed handshake (a certificate the CA does not vouch for, an expired or
+    /// mismatched one, no common protocol): nothing was sent; logged once per provider.
+    fn report_tls_failure(&self, code: &'static str, failure: &ConnectFailure) {
+        metrics::counter!(oncely_core::metrics::PROVIDER_REFUSALS, "provider" => self.name.clone(), "reason" => code).increment(1);
+        if !self.tls_reported.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                provider = %self.name,
+                code,
+                error = %failure,
+                "TLS handshake with the provider failed; nothing was sent (logged once)",
+            );
+        } else {
+            tracing::debug!(provider = %self.name, code, error = %failure, "TLS handshake failed");
         }
     }
 
@@ -248,7 +323,7 @@ impl HttpProvider {
             }
             Exchange::Answered { status: 409, .. } => Outcome::InFlight,
             Exchange::Answered {
-                status: status @ (401 | 408 | 429),
+                status: status @ (408 | 429),
                 ..
             } => Outcome::NotSent {
                 code: http_code(status),

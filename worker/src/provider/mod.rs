@@ -122,7 +122,9 @@ use std::sync::Arc;
 
 use oncely_core::config::{Config, ConfigError, ProviderConfig};
 
+mod credentials;
 mod http;
+mod transport;
 
 pub use http::HttpProvider;
 
@@ -151,7 +153,7 @@ pub enum Outcome {
         /// The provider's whole answer.
         result: serde_json::Value,
     },
-    /// Definite rejection: 400, 402, 403, 404, 422 and other 4xx not listed below →
+    /// Definite rejection: 400, 401, 402, 403, 404, 422 and other 4xx not listed below →
     /// `failed_final`.
     Rejected {
         /// Short technical code, e.g. `http_422`.
@@ -159,8 +161,8 @@ pub enum Outcome {
     },
     /// 409 "same key in flight" → unknown, reconcile.
     InFlight,
-    /// Connect refused / DNS / connect timeout (before the request was written), 429,
-    /// 401, 408 → `failed_retryable`.
+    /// DNS / connect refused / TLS handshake failed / connect timeout (before the request
+    /// was written), 429, 408 → `failed_retryable`.
     NotSent {
         /// Short technical code, e.g. `connect_failed`, `http_429`.
         code: String,
@@ -228,11 +230,22 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     fn lookup<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Remote>;
 }
 
-/// Providers by name, built from the config: one adapter per `[providers.NAME]`, chosen
-/// by its `kind` (errors name the field, e.g. "providers.bank.base_url: …").
+/// Providers by name, built from the config: one adapter per `[providers.NAME]` that a
+/// configured action uses, chosen by its `kind` (errors name the field, e.g.
+/// "providers.bank.base_url: …"). A provider no action uses is not built, so a worker
+/// started for some actions (`run --action …`) needs only their providers' credentials.
 pub fn build(config: &Config) -> Result<BTreeMap<String, Arc<dyn Provider>>, ConfigError> {
+    let used: std::collections::BTreeSet<&str> = config
+        .actions
+        .values()
+        .map(|a| a.provider.as_str())
+        .collect();
     let mut providers: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
-    for (name, p) in &config.providers {
+    for (name, p) in config
+        .providers
+        .iter()
+        .filter(|(name, _)| used.contains(name.as_str()))
+    {
         let provider: Arc<dyn Provider> = match p {
             ProviderConfig::Http(http) => Arc::new(HttpProvider::new(name, http)?),
         };

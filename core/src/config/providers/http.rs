@@ -7,17 +7,40 @@
 //! refuses to start with a message naming the field; the adapter itself then only
 //! converts (URLs, header names) what is already known to be well formed.
 
+use super::value::ValueSource;
 use crate::config::duration::{human, human_opt};
 use crate::config::error::{ConfigError, invalid};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// Headers the adapter writes itself; a configured header may not replace them.
+const RESERVED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "host",
+    "connection",
+];
 
 /// A provider behind the generic HTTP/JSON adapter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpProviderConfig {
-    /// `http://host:port` of the provider (TLS is terminated by a sidecar).
+    /// `https://host[:port]` (or `http://` for the sandbox and in-cluster providers).
     pub base_url: String,
+    /// PEM file with the CA certificates to trust for this provider, instead of the
+    /// system's roots (`https://` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// Extra headers on every request; values literal or read at startup from an env
+    /// variable or a file (see [`ValueSource`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, ValueSource>,
+    /// HTTP Basic credentials (`Authorization: Basic …`), each part a [`ValueSource`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuth>,
     /// Path to POST the payload to.
     pub execute_path: String,
     /// Lookup by key: a path with `{key}` (percent-encoded). Empty: no lookup by key.
@@ -61,6 +84,21 @@ pub struct HttpProviderConfig {
     pub absence_authoritative: bool,
 }
 
+/// `basic_auth = { username = …, password = … }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuth {
+    /// The user name (Stripe: the secret key, with an empty password).
+    pub username: ValueSource,
+    /// The password; `""` for none.
+    #[serde(default = "empty_literal")]
+    pub password: ValueSource,
+}
+
+fn empty_literal() -> ValueSource {
+    ValueSource::Literal(String::new())
+}
+
 fn default_reference_pointer() -> String {
     "/business_reference".into()
 }
@@ -95,6 +133,9 @@ impl HttpProviderConfig {
     pub fn new(base_url: impl Into<String>, execute_path: impl Into<String>) -> Self {
         Self {
             base_url: base_url.into(),
+            ca_file: None,
+            headers: BTreeMap::new(),
+            basic_auth: None,
             execute_path: execute_path.into(),
             lookup_path: String::new(),
             lookup_by_reference_path: String::new(),
@@ -116,13 +157,25 @@ impl HttpProviderConfig {
     /// (`providers.NAME`).
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
         let f = |x: &str| format!("{at}.{x}");
-        let host = self.base_url.trim().strip_prefix("http://").unwrap_or("");
+        let url = self.base_url.trim();
+        let (tls, host) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+            (Some(host), _) => (true, host),
+            (None, Some(host)) => (false, host),
+            (None, None) => (false, ""),
+        };
         if host.trim_end_matches('/').is_empty() || host.contains(['?', '#']) {
             return Err(invalid(
                 f("base_url"),
-                "must be http://host[:port] without a query (TLS is terminated by a sidecar)",
+                "must be https://host[:port] (or http://) without a query",
             ));
         }
+        if self.ca_file.is_some() && !tls {
+            return Err(invalid(
+                f("ca_file"),
+                "is only used with an https:// base_url",
+            ));
+        }
+        self.validate_credentials(at)?;
         if !self.execute_path.starts_with('/') {
             return Err(invalid(f("execute_path"), "must start with '/'"));
         }
@@ -177,6 +230,37 @@ impl HttpProviderConfig {
     }
 }
 
+impl HttpProviderConfig {
+    fn validate_credentials(&self, at: &str) -> Result<(), ConfigError> {
+        for (name, source) in &self.headers {
+            let field = format!("{at}.headers.{name}");
+            let lower = name.to_ascii_lowercase();
+            if !is_header_name(name) {
+                return Err(invalid(field, "is not a valid header name"));
+            }
+            if RESERVED_HEADERS.contains(&lower.as_str())
+                || lower.eq_ignore_ascii_case(self.idempotency_header.trim())
+            {
+                return Err(invalid(field, "is written by the adapter itself"));
+            }
+            if lower == "authorization" && self.basic_auth.is_some() {
+                return Err(invalid(field, "is also set by basic_auth; keep one"));
+            }
+            if let Some(problem) = source.problem() {
+                return Err(invalid(field, problem));
+            }
+        }
+        if let Some(basic) = &self.basic_auth {
+            for (part, source) in [("username", &basic.username), ("password", &basic.password)] {
+                if let Some(problem) = source.problem() {
+                    return Err(invalid(format!("{at}.basic_auth.{part}"), problem));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// An HTTP field name: one or more token characters (RFC 9110 §5.1).
 fn is_header_name(name: &str) -> bool {
     !name.is_empty()
@@ -193,9 +277,78 @@ mod tests {
     fn new_is_valid_and_each_bad_field_is_named() {
         let good = HttpProviderConfig::new("http://127.0.0.1:8085/", "/v1/x");
         good.validate("providers.p").expect("valid");
+        let mut tls = HttpProviderConfig::new("https://api.example.com", "/v1/x");
+        tls.ca_file = Some("/etc/oncely/ca.pem".into());
+        tls.headers.insert(
+            "Authorization".into(),
+            ValueSource::Env {
+                var: "TOKEN".into(),
+                prefix: "Bearer ".into(),
+            },
+        );
+        tls.validate("providers.p")
+            .expect("https with a CA file and a token");
         type Break = fn(&mut HttpProviderConfig);
         let cases: &[(Break, &str)] = &[
-            (|c| c.base_url = "https://x".into(), "base_url"),
+            (|c| c.base_url = "ftp://x".into(), "base_url"),
+            (|c| c.base_url = "https://".into(), "base_url"),
+            (|c| c.ca_file = Some("/ca.pem".into()), "ca_file"),
+            (
+                |c| {
+                    c.headers
+                        .insert("Bad Name".into(), ValueSource::Literal("x".into()));
+                },
+                "headers.Bad Name",
+            ),
+            (
+                |c| {
+                    c.headers
+                        .insert("Content-Type".into(), ValueSource::Literal("x".into()));
+                },
+                "headers.Content-Type",
+            ),
+            (
+                |c| {
+                    c.headers
+                        .insert("idempotency-key".into(), ValueSource::Literal("x".into()));
+                },
+                "headers.idempotency-key",
+            ),
+            (
+                |c| {
+                    c.headers.insert(
+                        "X-Api-Key".into(),
+                        ValueSource::Env {
+                            var: String::new(),
+                            prefix: String::new(),
+                        },
+                    );
+                },
+                "headers.X-Api-Key",
+            ),
+            (
+                |c| {
+                    c.headers
+                        .insert("Authorization".into(), ValueSource::Literal("x".into()));
+                    c.basic_auth = Some(BasicAuth {
+                        username: ValueSource::Literal("u".into()),
+                        password: empty_literal(),
+                    });
+                },
+                "headers.Authorization",
+            ),
+            (
+                |c| {
+                    c.basic_auth = Some(BasicAuth {
+                        username: ValueSource::File {
+                            path: PathBuf::new(),
+                            prefix: String::new(),
+                        },
+                        password: empty_literal(),
+                    });
+                },
+                "basic_auth.username",
+            ),
             (|c| c.base_url = "http://".into(), "base_url"),
             (|c| c.base_url = "http://x/?a=1".into(), "base_url"),
             (|c| c.execute_path = "v1/x".into(), "execute_path"),

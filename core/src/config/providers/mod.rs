@@ -16,8 +16,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub mod http;
+pub mod value;
 
-pub use http::HttpProviderConfig;
+pub use http::{BasicAuth, HttpProviderConfig};
+pub use value::ValueSource;
 
 /// The adapter that reaches a provider, and that adapter's settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
