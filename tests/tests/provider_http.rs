@@ -524,3 +524,51 @@ async fn a_connect_that_hangs_is_not_sent() -> Result {
     );
     Ok(())
 }
+
+/// The mapping: a body template reshapes the payload (the sandbox indexes the mapped
+/// `business_reference`, so a lookup by it proves what was sent); a payload without a
+/// field the template needs is rejected with nothing sent; configured status lists
+/// decide what a status means.
+#[tokio::test]
+async fn a_body_template_reshapes_the_payload_and_a_missing_field_sends_nothing() -> Result {
+    let sb = start().await?;
+    let mapped = r#"
+lookup_by_reference_path = "/v1/payment-orders?reference={reference}"
+reference_pointer = "/order/ref"
+retry_statuses = [408, 429, 503]
+body = { business_reference = "{/order/ref}", amount = "{/amount_minor}", memo = "order {/order/ref} key {key}", meta = { lines = ["{/order/ref}", 1] } }
+"#;
+    let p = bank(&sb.base_url(), mapped)?;
+    let k = key(40);
+    let body = payload(json!({"order": {"ref": "ord-40"}, "amount_minor": 40}));
+    succeeded_id(&p.execute(call(&k, &body)).await);
+    assert!(
+        matches!(p.lookup(call(&k, &body)).await, Remote::Succeeded { .. }),
+        "found by the reference the template put in the body"
+    );
+
+    let k = key(41);
+    let incomplete = payload(json!({"amount_minor": 41}));
+    assert_eq!(
+        p.execute(call(&k, &incomplete)).await,
+        Outcome::Rejected {
+            code: "template_missing_field".into()
+        }
+    );
+    let stats = sb.control().stats().await?;
+    assert_eq!(stats["executes"]["bank"], json!(1), "nothing sent: {stats}");
+
+    // 503 listed in retry_statuses: not done, retry (the default would be unknown).
+    let k = key(42);
+    sb.set_faults(faults(vec![
+        FaultRule::new(FaultMode::ErrorBeforeCommit).key(k.as_str()),
+    ]))?;
+    let body = payload(json!({"order": {"ref": "ord-42"}, "amount_minor": 42}));
+    assert_eq!(
+        p.execute(call(&k, &body)).await,
+        Outcome::NotSent {
+            code: "http_503".into()
+        }
+    );
+    Ok(())
+}

@@ -33,7 +33,7 @@ impl Context {
         secret: Option<KeySecret>,
         role: &str,
     ) -> anyhow::Result<Self> {
-        let providers = provider::build(&config)?;
+        let providers = provider::build_used(&config)?;
         let topology = Topology::new(&config.broker);
         Ok(Self {
             config: Arc::new(config),

@@ -59,7 +59,7 @@ pub use action::{ActionPolicy, OnUnknown};
 pub use broker::BrokerConfig;
 pub use duration::{format_duration, parse_duration};
 pub use error::ConfigError;
-pub use providers::{BasicAuth, HttpProviderConfig, ProviderConfig, ValueSource};
+pub use providers::{BasicAuth, Encoding, HttpProviderConfig, ProviderConfig, ValueSource};
 pub use reconciler::ReconcilerConfig;
 pub use worker::WorkerConfig;
 

@@ -124,6 +124,7 @@ use oncely_core::config::{Config, ConfigError, ProviderConfig};
 
 mod credentials;
 mod http;
+mod mapping;
 mod transport;
 
 pub use http::HttpProvider;
@@ -230,22 +231,30 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     fn lookup<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Remote>;
 }
 
-/// Providers by name, built from the config: one adapter per `[providers.NAME]` that a
-/// configured action uses, chosen by its `kind` (errors name the field, e.g.
-/// "providers.bank.base_url: …"). A provider no action uses is not built, so a worker
-/// started for some actions (`run --action …`) needs only their providers' credentials.
+/// Providers by name, built from the config: one adapter per `[providers.NAME]`, chosen
+/// by its `kind` (errors name the field, e.g. "providers.bank.base_url: …").
 pub fn build(config: &Config) -> Result<BTreeMap<String, Arc<dyn Provider>>, ConfigError> {
+    build_where(config, |_| true)
+}
+
+/// [`build`], but only the providers some configured action uses: what a worker or a
+/// reconciler needs. A worker started for some actions (`run --action …`) then needs
+/// only their providers' credentials.
+pub fn build_used(config: &Config) -> Result<BTreeMap<String, Arc<dyn Provider>>, ConfigError> {
     let used: std::collections::BTreeSet<&str> = config
         .actions
         .values()
         .map(|a| a.provider.as_str())
         .collect();
+    build_where(config, |name| used.contains(name))
+}
+
+fn build_where(
+    config: &Config,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<BTreeMap<String, Arc<dyn Provider>>, ConfigError> {
     let mut providers: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
-    for (name, p) in config
-        .providers
-        .iter()
-        .filter(|(name, _)| used.contains(name.as_str()))
-    {
+    for (name, p) in config.providers.iter().filter(|(name, _)| wanted(name)) {
         let provider: Arc<dyn Provider> = match p {
             ProviderConfig::Http(http) => Arc::new(HttpProvider::new(name, http)?),
         };

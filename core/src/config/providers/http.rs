@@ -41,18 +41,44 @@ pub struct HttpProviderConfig {
     /// HTTP Basic credentials (`Authorization: Basic …`), each part a [`ValueSource`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basic_auth: Option<BasicAuth>,
-    /// Path to POST the payload to.
+    /// Path of the execute call, a template (`{key}`, `{reference}`, `{/payload/field}`;
+    /// see [`super::template`]).
     pub execute_path: String,
-    /// Lookup by key: a path with `{key}` (percent-encoded). Empty: no lookup by key.
+    /// Method of the execute call: `POST` (default), `PUT` or `PATCH`.
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// How the execute body is written: `json` (default) or `form`
+    /// (`application/x-www-form-urlencoded`, nested keys as `metadata[oncely_key]`).
+    #[serde(default)]
+    pub encoding: Encoding,
+    /// The execute body as a template: the provider's fields, each value a template or a
+    /// literal (tables nest). Absent: the payload as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Lookup by key: a path template with `{key}`. Empty: no lookup by key.
     #[serde(default)]
     pub lookup_path: String,
-    /// Lookup by business reference: a path with `{reference}`. Empty: none.
+    /// Lookup by business reference: a path template with `{reference}`. Empty: none.
     #[serde(default)]
     pub lookup_by_reference_path: String,
+    /// Lookup answers that are lists: the pointer to the array (e.g. `/data`); the record
+    /// is the item that echoes the key at `key_echo_pointer`. Empty: one record.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub lookup_list_pointer: String,
+    /// Where a found record echoes the idempotency key it was created with.
+    #[serde(default = "default_key_echo_pointer")]
+    pub key_echo_pointer: String,
+    /// HTTP statuses of an execute answer that mean "not done, retry" (besides
+    /// connection failures). Every other 4xx is rejected for good; 5xx is unknown.
+    #[serde(default = "default_retry_statuses")]
+    pub retry_statuses: Vec<u16>,
+    /// HTTP statuses that mean "a request with this key is still in progress".
+    #[serde(default = "default_in_flight_statuses")]
+    pub in_flight_statuses: Vec<u16>,
     /// JSON pointer to the business reference inside the payload.
     #[serde(default = "default_reference_pointer")]
     pub reference_pointer: String,
-    /// Header carrying the idempotency key.
+    /// Header carrying the idempotency key; `""` for none (put `{key}` in the body).
     #[serde(default = "default_key_header")]
     pub idempotency_header: String,
     /// JSON pointer to the provider's id in its answers.
@@ -99,6 +125,29 @@ fn empty_literal() -> ValueSource {
     ValueSource::Literal(String::new())
 }
 
+/// How an execute body is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// `application/json`.
+    #[default]
+    Json,
+    /// `application/x-www-form-urlencoded`, nested keys Stripe-style (`a[b]=1`, `l[0]=x`).
+    Form,
+}
+
+fn default_method() -> String {
+    "POST".into()
+}
+fn default_key_echo_pointer() -> String {
+    "/idempotency_key".into()
+}
+fn default_retry_statuses() -> Vec<u16> {
+    vec![408, 429]
+}
+fn default_in_flight_statuses() -> Vec<u16> {
+    vec![409]
+}
 fn default_reference_pointer() -> String {
     "/business_reference".into()
 }
@@ -137,6 +186,13 @@ impl HttpProviderConfig {
             headers: BTreeMap::new(),
             basic_auth: None,
             execute_path: execute_path.into(),
+            method: default_method(),
+            encoding: Encoding::Json,
+            body: None,
+            lookup_list_pointer: String::new(),
+            key_echo_pointer: default_key_echo_pointer(),
+            retry_statuses: default_retry_statuses(),
+            in_flight_statuses: default_in_flight_statuses(),
             lookup_path: String::new(),
             lookup_by_reference_path: String::new(),
             reference_pointer: default_reference_pointer(),
@@ -176,30 +232,12 @@ impl HttpProviderConfig {
             ));
         }
         self.validate_credentials(at)?;
-        if !self.execute_path.starts_with('/') {
-            return Err(invalid(f("execute_path"), "must start with '/'"));
-        }
-        for (field, template, placeholder) in [
-            ("lookup_path", &self.lookup_path, "{key}"),
-            (
-                "lookup_by_reference_path",
-                &self.lookup_by_reference_path,
-                "{reference}",
-            ),
-        ] {
-            if !template.is_empty()
-                && (!template.starts_with('/') || !template.contains(placeholder))
-            {
-                return Err(invalid(
-                    f(field),
-                    format!("must start with '/' and contain {placeholder}"),
-                ));
-            }
-        }
+        self.validate_mapping(at)?;
         for (field, pointer) in [
             ("reference_pointer", &self.reference_pointer),
             ("id_pointer", &self.id_pointer),
             ("status_pointer", &self.status_pointer),
+            ("key_echo_pointer", &self.key_echo_pointer),
         ] {
             if !pointer.starts_with('/') {
                 return Err(invalid(
@@ -208,7 +246,14 @@ impl HttpProviderConfig {
                 ));
             }
         }
-        if !is_header_name(self.idempotency_header.trim()) {
+        if !self.lookup_list_pointer.is_empty() && !self.lookup_list_pointer.starts_with('/') {
+            return Err(invalid(
+                f("lookup_list_pointer"),
+                "is not a JSON pointer (it must start with '/')",
+            ));
+        }
+        let header = self.idempotency_header.trim();
+        if !header.is_empty() && !is_header_name(header) {
             return Err(invalid(
                 f("idempotency_header"),
                 format!("{:?} is not a valid header name", self.idempotency_header),
@@ -262,7 +307,7 @@ impl HttpProviderConfig {
 }
 
 /// An HTTP field name: one or more token characters (RFC 9110 §5.1).
-fn is_header_name(name: &str) -> bool {
+pub(super) fn is_header_name(name: &str) -> bool {
     !name.is_empty()
         && name
             .chars()

@@ -16,9 +16,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub mod http;
+mod mapping;
+pub mod template;
 pub mod value;
 
-pub use http::{BasicAuth, HttpProviderConfig};
+pub use http::{BasicAuth, Encoding, HttpProviderConfig};
 pub use value::ValueSource;
 
 /// The adapter that reaches a provider, and that adapter's settings.
