@@ -309,6 +309,12 @@ impl Fleet {
 
     /// [`Fleet::spawn`] with extra environment (e.g. `ONCELY_FAILPOINTS`).
     pub fn spawn_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        self.spawn_program(&binary("oncely-worker"), args, env)
+    }
+
+    /// [`Fleet::spawn_with_env`] of another build of `oncely-worker` (e.g. the
+    /// fail-point worker, [`crate::failpoint_worker::path`]).
+    pub fn spawn_program(&self, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let n = self
             .spawned
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -317,7 +323,7 @@ impl Fleet {
             args.first().copied().unwrap_or("proc")
         ));
         let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new(binary("oncely-worker"))
+        let child = Command::new(program)
             .arg("--config")
             .arg(&self.config_path)
             .args(args)
@@ -335,6 +341,23 @@ impl Fleet {
             .spawn()
             .unwrap_or_else(|e| panic!("spawn oncely-worker: {e}"));
         Proc { child, log }
+    }
+
+    /// `a` and `b` enqueued at once by two SDK producers; how many were new (recorded by
+    /// this call, not duplicates), every enqueue checked.
+    pub async fn enqueue_from_two(
+        &self,
+        a: Vec<oncely_core::Intent>,
+        b: Vec<oncely_core::Intent>,
+    ) -> usize {
+        let (pa, pb) = (self.producer().await, self.producer().await);
+        let (ra, rb) = tokio::join!(pa.enqueue_many(a), pb.enqueue_many(b));
+        ra.expect("producer a")
+            .into_iter()
+            .chain(rb.expect("producer b"))
+            .map(|r| r.expect("enqueue"))
+            .filter(|r| matches!(r, oncely_producer::Enqueued::Enqueued { .. }))
+            .count()
     }
 
     /// Spawn an action worker.

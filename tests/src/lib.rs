@@ -142,6 +142,7 @@ where
 pub mod chaos;
 pub mod failpoint_worker;
 pub mod fleet;
+pub mod localstripe;
 pub mod private_broker;
 pub mod tls;
 

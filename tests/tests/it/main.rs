@@ -11,3 +11,4 @@ mod pipeline;
 mod reconcile;
 mod resilience;
 mod runner;
+mod stripe;

@@ -3,7 +3,6 @@
 //! sandbox's per-key effect count.
 
 use oncely_core::Intent;
-use oncely_producer::Enqueued;
 use oncely_tests::eventually;
 use oncely_tests::fleet::{Fleet, secret};
 use serde_json::{Value, json};
@@ -48,19 +47,8 @@ async fn a_thousand_intents_with_repeats_execute_once_each() {
     let mut all: Vec<Intent> = (0..700).map(|n| intent(actions[n % 3], n)).collect();
     all.extend((0..300).map(|n| intent(actions[(n * 7 % 700) % 3], n * 7 % 700)));
     let (a, b): (Vec<_>, Vec<_>) = all.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
-    let (pa, pb) = (fleet.producer().await, fleet.producer().await);
     let strip = |v: Vec<(usize, Intent)>| v.into_iter().map(|(_, i)| i).collect::<Vec<_>>();
-    let (ra, rb) = tokio::join!(pa.enqueue_many(strip(a)), pb.enqueue_many(strip(b)));
-    let results: Vec<Enqueued> = ra
-        .expect("a")
-        .into_iter()
-        .chain(rb.expect("b"))
-        .map(|r| r.expect("enqueue"))
-        .collect();
-    let new = results
-        .iter()
-        .filter(|r| matches!(r, Enqueued::Enqueued { .. }))
-        .count();
+    let new = fleet.enqueue_from_two(strip(a), strip(b)).await;
     assert_eq!(
         new, 700,
         "each distinct intent is recorded once, whichever producer came first"

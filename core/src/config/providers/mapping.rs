@@ -22,7 +22,10 @@ impl HttpProviderConfig {
             ));
         }
         path_template(&f("execute_path"), &self.execute_path, None)?;
-        path_template(&f("lookup_path"), &self.lookup_path, Some("{key}"))?;
+        // A list lookup may fetch recent records without naming the key: the record is
+        // then picked by the key it echoes (`key_echo_pointer`).
+        let by_key_must_use = self.lookup_list_pointer.is_empty().then_some("{key}");
+        path_template(&f("lookup_path"), &self.lookup_path, by_key_must_use)?;
         path_template(
             &f("lookup_by_reference_path"),
             &self.lookup_by_reference_path,
@@ -60,7 +63,7 @@ impl HttpProviderConfig {
 
 /// A path template: starts with '/', parses, and (for lookups) uses `must_use`.
 fn path_template(field: &str, text: &str, must_use: Option<&str>) -> Result<(), ConfigError> {
-    if text.is_empty() && must_use.is_some() {
+    if text.is_empty() && !field.ends_with("execute_path") {
         return Ok(());
     }
     if !text.starts_with('/') {
