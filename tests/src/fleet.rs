@@ -108,10 +108,10 @@ pub struct FleetOptions {
     pub configure: Option<fn(&mut Config)>,
     /// The broker (default: the machine's, [`amqp_url`]); a private node for restart tests.
     pub amqp_url: Option<String>,
-    /// Reach the sandbox over TLS: a test CA, the sandbox's TLS listener with a
-    /// certificate for `localhost`, and every provider at `https://localhost:PORT` with
-    /// `ca_file` set to the CA.
-    pub tls: bool,
+    /// Providers reached over TLS: when any, a test CA, the sandbox's TLS listener with a
+    /// certificate for `localhost`, and these providers at `https://localhost:PORT` with
+    /// `ca_file` set to the CA (the others stay on the plain listener).
+    pub tls: &'static [&'static str],
 }
 
 impl Default for FleetOptions {
@@ -124,7 +124,7 @@ impl Default for FleetOptions {
             reconciler: None,
             configure: None,
             amqp_url: None,
-            tls: false,
+            tls: &[],
         }
     }
 }
@@ -235,25 +235,27 @@ impl Fleet {
         let prefix = unique_name("t");
         let dir = std::env::temp_dir().join(&prefix);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-        let (ca, base_url) = if o.tls {
+        let mut config = o.config(&db.url, &amqp_url, &prefix, &sandbox.base_url());
+        let ca = if o.tls.is_empty() {
+            None
+        } else {
             let ca = crate::tls::TestCa::new(&dir, "ca");
             let server = ca.server_config(&["localhost"], crate::tls::Validity::Current);
             let addr = sandbox
                 .serve_tls(local(), server)
                 .await
                 .unwrap_or_else(|e| panic!("sandbox TLS: {e}"));
-            (Some(ca), format!("https://localhost:{}", addr.port()))
-        } else {
-            (None, sandbox.base_url())
-        };
-        let mut config = o.config(&db.url, &amqp_url, &prefix, &base_url);
-        if let Some(ca) = &ca {
-            for provider in config.providers.values_mut() {
-                match provider {
-                    ProviderConfig::Http(http) => http.ca_file = Some(ca.ca_file().to_owned()),
+            for name in o.tls {
+                match config.providers.get_mut(*name) {
+                    Some(ProviderConfig::Http(http)) => {
+                        http.base_url = format!("https://localhost:{}", addr.port());
+                        http.ca_file = Some(ca.ca_file().to_owned());
+                    }
+                    None => panic!("FleetOptions::tls: no provider {name}"),
                 }
             }
-        }
+            Some(ca)
+        };
         let toml = config
             .to_toml()
             .unwrap_or_else(|e| panic!("test config: {e}"));

@@ -1,6 +1,6 @@
 //! Faults outside the processes: broker connection closes, Postgres backend terminations,
 //! and the sandbox's provider faults (timeouts after accepting, resets, 5xx, rejections,
-//! latency, lookup outages). Each is something production sees; the run throws them at
+//! latency, lookup outages, and on the HTTPS provider handshakes dropped or stalled). Each is something production sees; the run throws them at
 //! the fleet at random times (the schedule decides when) with random parameters drawn
 //! from the provider-fault stream of the run's seed (decided here).
 
@@ -196,7 +196,19 @@ fn fault_config(rng: &mut Rng, rules: &[Value], lookup_off: &[&str]) -> Value {
     } else {
         0
     };
-    json!({"seed": rng.u64() >> 11, "latency_ms": latency, "lookup_disabled": lookup_off, "rules": rules})
+    // On the TLS listener (the HTTPS providers): handshakes dropped or left unanswered.
+    let tls_drop = if rng.chance(0.7) {
+        rng.uniform(0.05, 0.25)
+    } else {
+        0.0
+    };
+    let tls_stall = if rng.chance(0.5) {
+        rng.uniform(0.02, 0.08)
+    } else {
+        0.0
+    };
+    json!({"seed": rng.u64() >> 11, "latency_ms": latency, "lookup_disabled": lookup_off, "rules": rules,
+           "tls_drop_rate": tls_drop, "tls_stall_rate": tls_stall})
 }
 
 /// `pg_terminate_backend` on every connection to database `db_name`: how many.

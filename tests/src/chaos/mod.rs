@@ -65,6 +65,10 @@ const MAX_RECONCILE_CHECKS: u32 = 4;
 /// The main loop's tick.
 const TICK: Duration = Duration::from_millis(100);
 
+/// Providers the fleet reaches over HTTPS (the sandbox's TLS listener, a test CA), with
+/// faults at the TLS layer too (handshakes dropped or stalled: *not sent*).
+const TLS_PROVIDERS: &[&str] = &["bank"];
+
 /// The action types, with the provider each goes to.
 const ACTIONS: [(&str, &str); 3] = [
     ("email.send", "mail"),
@@ -305,6 +309,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         max_reconcile_checks: Some(MAX_RECONCILE_CHECKS as i32),
         reconciler: Some(FAST_RECONCILER),
         amqp_url: private.as_ref().map(PrivateBroker::url),
+        tls: TLS_PROVIDERS,
         ..FleetOptions::default()
     })
     .await;

@@ -266,7 +266,7 @@ fn bearer_from_env(config: &mut Config) {
 
 fn tls_fleet() -> FleetOptions {
     FleetOptions {
-        tls: true,
+        tls: &["bank"],
         reconciler: Some(FAST_RECONCILER),
         configure: Some(bearer_from_env),
         ..FleetOptions::default()
