@@ -171,6 +171,10 @@ impl FleetOptions {
                     http.timeout = timeout;
                     http.key_retention = Some(key_retention);
                 }
+                ProviderConfig::Smtp(smtp) => {
+                    smtp.timeout = timeout;
+                    smtp.key_retention = Some(key_retention);
+                }
             }
         }
         if let Some(reconciler) = &self.reconciler {
@@ -251,7 +255,7 @@ impl Fleet {
                         http.base_url = format!("https://localhost:{}", addr.port());
                         http.ca_file = Some(ca.ca_file().to_owned());
                     }
-                    None => panic!("FleetOptions::tls: no provider {name}"),
+                    _ => panic!("FleetOptions::tls: no http provider {name}"),
                 }
             }
             Some(ca)

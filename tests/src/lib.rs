@@ -143,6 +143,7 @@ pub mod chaos;
 pub mod failpoint_worker;
 pub mod fleet;
 pub mod localstripe;
+pub mod mail;
 pub mod private_broker;
 pub mod tls;
 

@@ -57,9 +57,15 @@ impl TestCa {
         &self.ca_file
     }
 
-    /// A server config presenting a certificate for `names` (DNS names or IPs) signed
-    /// by this CA, valid or expired.
-    pub fn server_config(&self, names: &[&str], validity: Validity) -> Arc<rustls::ServerConfig> {
+    /// A certificate for `names` signed by this CA and its key, both PEM: for servers
+    /// that read files (Postfix, Dovecot).
+    pub fn server_pem(&self, names: &[&str]) -> (String, String) {
+        let (cert, key) = self.issue(names, Validity::Current);
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// A server certificate for `names` (DNS names or IPs) and its key.
+    fn issue(&self, names: &[&str], validity: Validity) -> (rcgen::Certificate, KeyPair) {
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let mut params = CertificateParams::new(names).unwrap_or_else(|e| panic!("{e}"));
         params
@@ -74,6 +80,13 @@ impl TestCa {
         let cert = params
             .signed_by(&key, &self.issuer)
             .unwrap_or_else(|e| panic!("server cert: {e}"));
+        (cert, key)
+    }
+
+    /// A server config presenting a certificate for `names` (DNS names or IPs) signed
+    /// by this CA, valid or expired.
+    pub fn server_config(&self, names: &[&str], validity: Validity) -> Arc<rustls::ServerConfig> {
+        let (cert, key) = self.issue(names, validity);
         let chain: Vec<CertificateDer<'static>> = vec![cert.der().clone()];
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let provider = Arc::new(rustls::crypto::ring::default_provider());

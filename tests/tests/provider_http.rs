@@ -56,6 +56,7 @@ fn call<'a>(key: &'a IdempotencyKey, payload: &'a Map<String, Value>) -> Call<'a
         key,
         action_type: "payment_order.create",
         payload,
+        first_attempt_at: None,
     }
 }
 
@@ -512,7 +513,10 @@ async fn a_connect_that_hangs_is_not_sent() -> Result {
     // but an adapter built directly allows): still provably not sent.
     let text = format!("[providers.bank]\nbase_url = \"{base}\"\nexecute_path = \"/x\"\n");
     let ProviderConfig::Http(mut config) =
-        Config::from_toml(&text, "test", std::iter::empty())?.providers["bank"].clone();
+        Config::from_toml(&text, "test", std::iter::empty())?.providers["bank"].clone()
+    else {
+        anyhow::bail!("bank is an http provider");
+    };
     config.connect_timeout = Duration::from_secs(30);
     config.timeout = Duration::from_millis(300);
     let direct = HttpProvider::new("bank", &config)?;

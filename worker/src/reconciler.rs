@@ -162,6 +162,7 @@ async fn decide_one(
             key: &op.key,
             action_type: &op.action_type,
             payload: &env.intent.payload,
+            first_attempt_at: op.first_attempt_at,
         })
         .await;
     let settle = |verdict: Verdict, reason: &str| Completion {

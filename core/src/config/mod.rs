@@ -59,7 +59,10 @@ pub use action::{ActionPolicy, OnUnknown};
 pub use broker::BrokerConfig;
 pub use duration::{format_duration, parse_duration};
 pub use error::ConfigError;
-pub use providers::{BasicAuth, Encoding, HttpProviderConfig, ProviderConfig, ValueSource};
+pub use providers::{
+    BasicAuth, Encoding, HttpProviderConfig, ImapArchive, ProviderConfig, Security,
+    SmtpProviderConfig, ValueSource,
+};
 pub use reconciler::ReconcilerConfig;
 pub use worker::WorkerConfig;
 
@@ -143,13 +146,13 @@ impl Config {
         })
     }
 
-    /// Points every provider at `base_url`: the sandbox serves all the built-in
+    /// Points every HTTP provider at `base_url`: the sandbox serves all the built-in
     /// providers on their usual paths at one address, so this turns the built-in config
-    /// into one for a sandbox started on any port.
+    /// into one for a sandbox started on any port. Other kinds are left as they are.
     pub fn point_at_sandbox(&mut self, base_url: &str) -> &mut Self {
         for p in self.providers.values_mut() {
-            match p {
-                ProviderConfig::Http(http) => http.base_url = base_url.to_owned(),
+            if let ProviderConfig::Http(http) = p {
+                http.base_url = base_url.to_owned();
             }
         }
         self
@@ -192,6 +195,7 @@ mod tests {
     fn http(c: &Config, name: &str) -> HttpProviderConfig {
         match &c.providers[name] {
             ProviderConfig::Http(h) => h.clone(),
+            other => panic!("{name} is {}, not http", other.kind()),
         }
     }
 
@@ -248,7 +252,7 @@ mod tests {
             ),
             ("[worker]\nprefetch = 0\n".into(), "worker.prefetch"),
             ("[worker]\nprefech = 1\n".into(), "prefech"),
-            (format!("{p}kind = \"smtp\"\n"), "providers.p.kind"),
+            (format!("{p}kind = \"fax\"\n"), "providers.p.kind"),
             (format!("{p}bse_url = \"x\"\n"), "bse_url"),
             (
                 "[providers.p]\nbase_url = \"http://x\"\n".into(),

@@ -66,6 +66,7 @@ async fn execute(provider: &dyn Provider, n: u8) -> Outcome {
             key: &key,
             action_type: "payment_order.create",
             payload: &payload,
+            first_attempt_at: None,
         })
         .await
 }
@@ -77,6 +78,7 @@ async fn lookup(provider: &dyn Provider, n: u8) -> Remote {
             key: &key,
             action_type: "payment_order.create",
             payload: &payload,
+            first_attempt_at: None,
         })
         .await
 }
@@ -253,7 +255,9 @@ async fn credentials_from_a_file_reach_the_provider_and_refusals_are_rejected() 
 
 fn bearer_from_env(config: &mut Config) {
     for provider in config.providers.values_mut() {
-        let ProviderConfig::Http(http) = provider;
+        let ProviderConfig::Http(http) = provider else {
+            continue;
+        };
         http.headers.insert(
             "Authorization".into(),
             ValueSource::Env {

@@ -11,4 +11,5 @@ mod pipeline;
 mod reconcile;
 mod resilience;
 mod runner;
+mod smtp;
 mod stripe;

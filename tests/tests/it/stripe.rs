@@ -125,13 +125,7 @@ async fn payments_through_the_stripe_profile_are_charged_once_at_localstripe() {
     let charged = stripe.payment_intents().await;
     assert_eq!(charged.len(), 1, "charged once: {charged:?}");
     assert_eq!(charged[0]["metadata"]["oncely_key"], json!(key.as_str()));
-    let op = fleet
-        .producer()
-        .await
-        .status(&key)
-        .await
-        .expect("status")
-        .expect("row");
+    let op = fleet.op(&key).await.expect("row");
     assert_eq!(
         op.provider_operation_id.as_deref(),
         charged[0]["id"].as_str()

@@ -109,6 +109,7 @@
 //!     key: &key,
 //!     action_type: "ledger.post",
 //!     payload: payload.as_object().expect("an object"),
+//!     first_attempt_at: None,
 //! };
 //! let outcome = rt.block_on(ledger.execute(call));
 //! assert!(matches!(outcome, Outcome::Succeeded { .. }));
@@ -124,10 +125,13 @@ use oncely_core::config::{Config, ConfigError, ProviderConfig};
 
 mod credentials;
 mod http;
+mod imap;
 mod mapping;
+mod smtp;
 mod transport;
 
 pub use http::HttpProvider;
+pub use smtp::SmtpProvider;
 
 /// A boxed, sendable future (the trait is object safe without `async fn`).
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
@@ -141,6 +145,10 @@ pub struct Call<'a> {
     pub action_type: &'a str,
     /// The payload to send; never logged.
     pub payload: &'a serde_json::Map<String, serde_json::Value>,
+    /// When the operation was first attempted (`None` before its first attempt): how
+    /// long ago an effect could have happened, for lookups that must wait for one to
+    /// show (an email reaching its archive).
+    pub first_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The classified answer of an execute call (the classification table in
@@ -257,6 +265,7 @@ fn build_where(
     for (name, p) in config.providers.iter().filter(|(name, _)| wanted(name)) {
         let provider: Arc<dyn Provider> = match p {
             ProviderConfig::Http(http) => Arc::new(HttpProvider::new(name, http)?),
+            ProviderConfig::Smtp(smtp) => Arc::new(SmtpProvider::new(name, smtp)?),
         };
         providers.insert(name.clone(), provider);
     }

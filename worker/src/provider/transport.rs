@@ -72,6 +72,16 @@ impl Tls {
     }
 }
 
+/// A rustls connector and the name to check, for connections other than hyper's
+/// (the IMAP archive): the same roots and checks as [`Tls::new`].
+pub(crate) fn rustls_connector(
+    host: &str,
+    ca_file: Option<&Path>,
+) -> Result<(TlsConnector, ServerName<'static>), String> {
+    let tls = Tls::new(host, ca_file)?;
+    Ok((tls.connector, tls.server_name))
+}
+
 fn roots_from_file(path: &Path) -> Result<rustls::RootCertStore, String> {
     let shown = path.display();
     let text = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;

@@ -134,6 +134,7 @@ async fn call(ctx: &Context, v: Valid, claim: Claim, claimed_at: Instant) -> Fin
                 key: &env.key,
                 action_type: env.intent.identity.action_type.as_str(),
                 payload: &env.intent.payload,
+                first_attempt_at: None,
             })
             .await;
         crate::failpoint::hit("after_provider");

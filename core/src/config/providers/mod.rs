@@ -17,10 +17,12 @@ use std::time::Duration;
 
 pub mod http;
 mod mapping;
+pub mod smtp;
 pub mod template;
 pub mod value;
 
 pub use http::{BasicAuth, Encoding, HttpProviderConfig};
+pub use smtp::{ImapArchive, Security, SmtpProviderConfig};
 pub use value::ValueSource;
 
 /// The adapter that reaches a provider, and that adapter's settings.
@@ -29,11 +31,13 @@ pub use value::ValueSource;
 pub enum ProviderConfig {
     /// `kind = "http"` (the default): the generic HTTP/JSON adapter.
     Http(HttpProviderConfig),
+    /// `kind = "smtp"`: email through a mail server, looked up in an IMAP archive.
+    Smtp(SmtpProviderConfig),
 }
 
 impl ProviderConfig {
     /// Every `kind` a file may name, as written in the file.
-    pub const KINDS: &'static [&'static str] = &["http"];
+    pub const KINDS: &'static [&'static str] = &["http", "smtp"];
     /// The `kind` of a table that does not name one.
     pub const DEFAULT_KIND: &'static str = "http";
 
@@ -41,6 +45,7 @@ impl ProviderConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Http(_) => "http",
+            Self::Smtp(_) => "smtp",
         }
     }
 
@@ -48,6 +53,7 @@ impl ProviderConfig {
     pub fn timeout(&self) -> Duration {
         match self {
             Self::Http(c) => c.timeout,
+            Self::Smtp(c) => c.timeout,
         }
     }
 
@@ -55,6 +61,7 @@ impl ProviderConfig {
     pub fn key_retention(&self) -> Option<Duration> {
         match self {
             Self::Http(c) => c.key_retention,
+            Self::Smtp(c) => c.key_retention,
         }
     }
 
@@ -62,6 +69,7 @@ impl ProviderConfig {
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
         match self {
             Self::Http(c) => c.validate(at),
+            Self::Smtp(c) => c.validate(at),
         }
     }
 
@@ -80,6 +88,7 @@ impl ProviderConfig {
         let at = format!("providers.{name}");
         match kind.as_str() {
             "http" => adapter_config(&at, table).map(Self::Http),
+            "smtp" => adapter_config(&at, table).map(Self::Smtp),
             _ => Err(format!(
                 "{at}.kind: unknown adapter kind {kind:?}; supported: {}",
                 Self::KINDS
@@ -163,7 +172,7 @@ mod tests {
 
     #[test]
     fn an_unknown_kind_or_field_names_the_provider() {
-        let err = ProviderConfig::from_table("p", table("kind = \"smtp\"\n")).expect_err("smtp");
+        let err = ProviderConfig::from_table("p", table("kind = \"fax\"\n")).expect_err("fax");
         assert!(
             err.contains("providers.p.kind") && err.contains("\"http\""),
             "{err}"
