@@ -19,6 +19,9 @@ pub enum AdminCommand {
     /// Human reviews.
     #[command(subcommand)]
     Review(ReviewCommand),
+    /// Settle unknown operations from a provider's statement (dry run unless --apply);
+    /// reports unexpected effects (exit code 2) and unknowns the statement lacks.
+    ImportStatement(crate::statement::ImportArgs),
     /// Delete terminal operations past retention (never sooner than the provider's key retention).
     Purge {
         /// Age past which terminal operations go (e.g. `30d`).
@@ -164,6 +167,7 @@ pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
             by,
             note,
         }) => review_resolve(&journal, &key, resolution, provider_operation_id, &by, note).await,
+        AdminCommand::ImportStatement(args) => crate::statement::run(config, &journal, args).await,
         AdminCommand::Purge {
             older_than,
             dry_run,

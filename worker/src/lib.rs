@@ -29,3 +29,4 @@ pub mod reconciler;
 pub mod retry;
 pub mod runner;
 pub mod shutdown;
+pub mod statement;

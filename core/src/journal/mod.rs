@@ -28,6 +28,7 @@ pub mod inspect;
 pub mod operation;
 pub mod record;
 pub mod review;
+pub mod statement;
 pub mod stats;
 pub mod sweep;
 
@@ -36,6 +37,7 @@ pub use complete::{Applied, Completion, LATE_REASON, Verdict};
 pub use operation::{Event, JournalError, Operation};
 pub use record::Recorded;
 pub use review::{Resolution, ResolveError, Review};
+pub use statement::{StatementCandidate, StatementVerdict};
 pub use stats::Latencies;
 pub use sweep::{Expired, OpsFilter};
 

@@ -87,6 +87,71 @@ impl From<sqlx::Error> for ResolveError {
     }
 }
 
+/// Where an `unknown` operation goes when something settles it (a person, a statement).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Settle<'a> {
+    /// The effect happened: `succeeded` with the provider's id.
+    Succeeded {
+        /// The provider's id.
+        provider_operation_id: &'a str,
+        /// The event's reason.
+        reason: &'a str,
+    },
+    /// It did not and must not: `failed_final` with `code`.
+    Failed {
+        /// The error code recorded.
+        code: &'a str,
+        /// The event's reason.
+        reason: &'a str,
+    },
+    /// One more attempt, due now.
+    Retry,
+}
+
+/// Moves `key` from `unknown` at `attempt` by compare-and-set; `actor` is recorded with
+/// the event (the trigger writes it). Returns whether the row moved.
+pub(crate) async fn settle_unknown(
+    conn: &mut sqlx::PgConnection,
+    key: &IdempotencyKey,
+    attempt: i32,
+    settle: &Settle<'_>,
+    actor: &str,
+) -> Result<bool, sqlx::Error> {
+    let (to, pid, err, reason) = match *settle {
+        Settle::Succeeded {
+            provider_operation_id,
+            reason,
+        } => ("succeeded", Some(provider_operation_id), None, reason),
+        Settle::Failed { code, reason } => ("failed_final", None, Some(code), reason),
+        Settle::Retry => (
+            "failed_retryable",
+            None,
+            Some("review_retry"),
+            "review_retry",
+        ),
+    };
+    let moved = sqlx::query(
+        "UPDATE agent_operations SET status = $3, provider_operation_id = coalesce($4, provider_operation_id), \
+             result_json = CASE WHEN $3 = 'succeeded' THEN jsonb_build_object('id', $4::text, 'resolved_by', $6::text) ELSE result_json END, \
+             last_error_code = $5, lease_owner = NULL, \
+             lease_until = CASE WHEN $3 = 'failed_retryable' THEN now() ELSE NULL END, \
+             updated_at = now(), \
+             payload = CASE WHEN $3 IN ('succeeded', 'failed_final') THEN NULL ELSE payload END, \
+             last_actor = $6, last_reason = $7 \
+         WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2",
+    )
+    .bind(key.as_str())
+    .bind(attempt)
+    .bind(to)
+    .bind(pid)
+    .bind(err)
+    .bind(actor)
+    .bind(reason)
+    .execute(&mut *conn)
+    .await?;
+    Ok(moved.rows_affected() == 1)
+}
+
 impl Journal {
     /// Open a review for an `unknown` operation at `attempt` (no-op if one is open or
     /// the operation moved on). Records an audit event. Returns whether one was opened.
@@ -176,42 +241,20 @@ impl Journal {
             });
         }
         let actor = format!("review:{by}");
-        let (to, pid, err, reason) = match resolution {
+        let settle = match resolution {
             Resolution::Succeeded {
                 provider_operation_id,
-            } => (
-                "succeeded",
-                Some(provider_operation_id.as_str()),
-                None,
-                "review_succeeded",
-            ),
-            Resolution::Failed => ("failed_final", None, Some("review_failed"), "review_failed"),
-            Resolution::Retry => (
-                "failed_retryable",
-                None,
-                Some("review_retry"),
-                "review_retry",
-            ),
+            } => Settle::Succeeded {
+                provider_operation_id,
+                reason: "review_succeeded",
+            },
+            Resolution::Failed => Settle::Failed {
+                code: "review_failed",
+                reason: "review_failed",
+            },
+            Resolution::Retry => Settle::Retry,
         };
-        sqlx::query(
-            "UPDATE agent_operations SET status = $3, provider_operation_id = coalesce($4, provider_operation_id), \
-                 result_json = CASE WHEN $3 = 'succeeded' THEN jsonb_build_object('id', $4::text, 'resolved_by', $6::text) ELSE result_json END, \
-                 last_error_code = $5, lease_owner = NULL, \
-                 lease_until = CASE WHEN $3 = 'failed_retryable' THEN now() ELSE NULL END, \
-                 updated_at = now(), \
-                 payload = CASE WHEN $3 IN ('succeeded', 'failed_final') THEN NULL ELSE payload END, \
-                 last_actor = $6, last_reason = $7 \
-             WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2",
-        )
-        .bind(key.as_str())
-        .bind(attempt)
-        .bind(to)
-        .bind(pid)
-        .bind(err)
-        .bind(&actor)
-        .bind(reason)
-        .execute(&mut *tx)
-        .await?;
+        settle_unknown(&mut tx, key, attempt, &settle, &actor).await?;
         sqlx::query("UPDATE operation_reviews SET resolution = $2, resolved_by = $3, resolved_at = now(), note = $4 WHERE id = $1")
             .bind(review)
             .bind(resolution.name())

@@ -12,4 +12,5 @@ mod reconcile;
 mod resilience;
 mod runner;
 mod smtp;
+mod statement;
 mod stripe;

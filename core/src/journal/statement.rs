@@ -1,0 +1,123 @@
+//! Reconciliation from a provider's statement (the article's "сверка по выписке"): the
+//! journal side — which operations a statement can speak about, and settling one.
+//!
+//! A statement says, per effect, what the provider did (its id, succeeded or failed),
+//! naming the operation by our key or by the business reference. It can settle an
+//! `unknown` operation — with or without an open review — and nothing else: a live
+//! operation is still being driven, a terminal one is already decided (a statement that
+//! disagrees with it is a conflict for a person, never an overwrite).
+
+use super::review::{Settle, settle_unknown};
+use super::{Journal, JournalError};
+use crate::keys::IdempotencyKey;
+use crate::status::Status;
+
+/// An operation a statement may speak about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatementCandidate {
+    /// Its key.
+    pub key: IdempotencyKey,
+    /// Its status now.
+    pub status: Status,
+    /// Its attempt count (the compare-and-set token).
+    pub attempt: i32,
+    /// The provider's id, once known.
+    pub provider_operation_id: Option<String>,
+    /// The business reference in its payload, while the payload is kept (live states).
+    pub reference: Option<String>,
+}
+
+/// What a statement row says happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatementVerdict<'a> {
+    /// The effect happened, with this provider id.
+    Succeeded(&'a str),
+    /// The provider refused or reversed it: nothing happened.
+    Failed,
+}
+
+impl Journal {
+    /// The operations of `action_types` a statement can be matched against: every
+    /// `unknown` one, and any whose key, provider id or business reference (the payload
+    /// at `reference_path`, JSON-path tokens) is among those given.
+    pub async fn statement_candidates(
+        &self,
+        action_types: &[String],
+        reference_path: &[String],
+        keys: &[String],
+        provider_ids: &[String],
+        references: &[String],
+    ) -> Result<Vec<StatementCandidate>, JournalError> {
+        type Row = (String, String, i32, Option<String>, Option<String>);
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT idempotency_key, status, attempt_count, provider_operation_id, payload #>> $2 \
+             FROM agent_operations \
+             WHERE action_type = ANY($1) AND (status = 'unknown' OR idempotency_key = ANY($3) \
+                   OR provider_operation_id = ANY($4) \
+                   OR (payload IS NOT NULL AND payload #>> $2 = ANY($5)))",
+        )
+        .bind(action_types)
+        .bind(reference_path)
+        .bind(keys)
+        .bind(provider_ids)
+        .bind(references)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(key, status, attempt, provider_operation_id, reference)| {
+                let decode = |e: String| JournalError::from(sqlx::Error::Decode(e.into()));
+                Ok(StatementCandidate {
+                    key: IdempotencyKey::parse(&key).map_err(|e| decode(e.to_string()))?,
+                    status: status.parse().map_err(|e| decode(format!("{e}")))?,
+                    attempt,
+                    provider_operation_id,
+                    reference,
+                })
+            })
+            .collect()
+    }
+
+    /// Settles an `unknown` operation at `attempt` as the statement says, and closes its
+    /// open review if it has one — one transaction, the event's actor `actor`
+    /// (`statement:<file>`). Returns whether it moved (false: it changed meanwhile).
+    pub async fn settle_from_statement(
+        &self,
+        key: &IdempotencyKey,
+        attempt: i32,
+        verdict: StatementVerdict<'_>,
+        actor: &str,
+    ) -> Result<bool, JournalError> {
+        let (settle, resolution) = match verdict {
+            StatementVerdict::Succeeded(provider_operation_id) => (
+                Settle::Succeeded {
+                    provider_operation_id,
+                    reason: "statement_succeeded",
+                },
+                "succeeded",
+            ),
+            StatementVerdict::Failed => (
+                Settle::Failed {
+                    code: "statement_failed",
+                    reason: "statement_failed",
+                },
+                "failed",
+            ),
+        };
+        let mut tx = self.pool.begin().await?;
+        if !settle_unknown(&mut tx, key, attempt, &settle, actor).await? {
+            return Ok(false);
+        }
+        sqlx::query(
+            "UPDATE operation_reviews SET resolution = $2, resolved_by = $3, resolved_at = now(), \
+                 note = 'settled by the provider''s statement' \
+             WHERE idempotency_key = $1 AND resolved_at IS NULL",
+        )
+        .bind(key.as_str())
+        .bind(resolution)
+        .bind(actor)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}
