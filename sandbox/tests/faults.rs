@@ -384,7 +384,8 @@ async fn faults_get_returns_what_was_put_with_defaults() {
         raw.body,
         json!({"seed": 42, "latency_ms": 0, "lookup_disabled": ["bank"], "forget_keys_after_ms": null,
                "rules": [{"provider": "bank", "mode": "accept_then_timeout", "rate": 0.3, "times": null,
-                          "key": null, "latency_ms": 50, "status": 503, "hold_ms": 60000}]})
+                          "key": null, "latency_ms": 50, "status": 503, "hold_ms": 60000}],
+               "tls_drop_rate": 0.0, "tls_stall_rate": 0.0})
     );
     let typed = ctl.faults().await.unwrap();
     assert_eq!(typed.rules[0].mode, FaultMode::AcceptThenTimeout);
