@@ -24,7 +24,9 @@ pub fn secret() -> KeySecret {
 }
 
 /// Path of a workspace binary next to the test executable (`target/<profile>/NAME`),
-/// building the binaries once if they are missing.
+/// built (or found up to date) once per test process: `cargo test` builds the test
+/// harnesses, not these programs, and a binary left from an older checkout would make
+/// the tests run old code.
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
@@ -34,24 +36,22 @@ pub fn binary(name: &str) -> PathBuf {
         .map(Path::to_path_buf)
         .unwrap_or_default();
     let path = dir.join(name);
-    if !path.exists() {
-        BUILT.get_or_init(|| {
-            let status = std::process::Command::new(env!("CARGO"))
-                .args([
-                    "build",
-                    "--bins",
-                    "-p",
-                    "oncely-worker",
-                    "-p",
-                    "oncely-producer",
-                    "-p",
-                    "oncely-sandbox",
-                ])
-                .status()
-                .unwrap_or_else(|e| panic!("cargo build: {e}"));
-            assert!(status.success(), "building the binaries failed");
-        });
-    }
+    BUILT.get_or_init(|| {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--bins",
+                "-p",
+                "oncely-worker",
+                "-p",
+                "oncely-producer",
+                "-p",
+                "oncely-sandbox",
+            ])
+            .status()
+            .unwrap_or_else(|e| panic!("cargo build: {e}"));
+        assert!(status.success(), "building the binaries failed");
+    });
     assert!(path.exists(), "{} not found", path.display());
     path
 }
