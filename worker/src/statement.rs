@@ -384,20 +384,24 @@ fn classify(
         let op = match (&row.key, &row.reference) {
             (Some(key), _) => by_key.get(key.as_str()).copied(),
             (None, Some(reference)) => {
-                let live: Vec<&StatementCandidate> = candidates
+                let same: Vec<&StatementCandidate> = candidates
                     .iter()
-                    .filter(|c| {
-                        c.reference.as_deref() == Some(reference) && c.status == Status::Unknown
-                    })
+                    .filter(|c| c.reference.as_deref() == Some(reference))
                     .collect();
-                if live.len() > 1 {
+                let unknown: Vec<&StatementCandidate> = same
+                    .iter()
+                    .copied()
+                    .filter(|c| c.status == Status::Unknown)
+                    .collect();
+                if unknown.len() > 1 {
                     report.conflicts.push(finding(
                         None,
                         "several unknown operations share this reference",
                     ));
                     continue;
                 }
-                live.first().copied()
+                // An unknown one first; else a live one still being driven (left alone).
+                unknown.first().or(same.first()).copied()
             }
             (None, None) => None,
         };

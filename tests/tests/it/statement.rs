@@ -117,6 +117,17 @@ async fn a_statement_settles_unknowns_flags_unexpected_effects_and_is_idempotent
         result: json!({}),
     })
     .await;
+    // One still executing (claimed, no answer yet), named in the statement by reference.
+    let in_flight = order(300);
+    j.claim(
+        &[ClaimRequest {
+            envelope: &in_flight,
+            lease: LEASE,
+        }],
+        "w2",
+    )
+    .await
+    .expect("claim");
 
     // The statement: 98 succeeded by key, 1 succeeded by reference only, 1 failed; the
     // first settled order as the journal has it, the second with another id (conflict);
@@ -135,6 +146,7 @@ async fn a_statement_settles_unknowns_flags_unexpected_effects_and_is_idempotent
         "po_other,{},inv-201,succeeded,301\n",
         settled[1].key
     ));
+    csv.push_str("po_300,,inv-300,succeeded,400\n");
     let strangers = [order(900).key, order(901).key];
     for (i, k) in strangers.iter().enumerate() {
         csv.push_str(&format!("po_stranger_{i},{k},,succeeded,1\n"));
@@ -156,6 +168,11 @@ async fn a_statement_settles_unknowns_flags_unexpected_effects_and_is_idempotent
     );
     assert_eq!(count(&report, "unexpected"), 2);
     assert_eq!(count(&report, "conflicts"), 1);
+    assert_eq!(
+        count(&report, "live"),
+        1,
+        "the executing order is left alone"
+    );
     assert_eq!(report["already_settled"], json!(1));
     assert_eq!(count(&report, "missing"), 2);
     assert_eq!(statuses(&fleet).await, before, "a dry run writes nothing");
@@ -174,6 +191,7 @@ async fn a_statement_settles_unknowns_flags_unexpected_effects_and_is_idempotent
     assert_eq!(
         statuses(&fleet).await,
         vec![
+            ("executing".into(), 1),
             ("failed_final".into(), 1),
             ("succeeded".into(), 101),
             ("unknown".into(), 2)
