@@ -265,3 +265,42 @@ async fn a_statement_settles_unknowns_flags_unexpected_effects_and_is_idempotent
     );
     assert_eq!(count(&report, "missing"), 1, "order 101 is still unknown");
 }
+
+/// JSON Lines with pointer fields (a payment provider's report), one row naming its
+/// operation only by the reference in its metadata (no key at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jsonl_report_settles_by_key_pointer_and_by_reference_alone() {
+    let fleet = Fleet::new().await;
+    let j = fleet.db.journal();
+    let orders: Vec<Envelope> = (0..2).map(order).collect();
+    drive(&j, &orders, |_| unknown()).await;
+    let file = fleet.dir.join("report.jsonl");
+    let lines = [
+        json!({"id": "pi_0", "status": "succeeded", "metadata": {"oncely_key": orders[0].key.as_str(), "ref": "inv-0"}}),
+        json!({"id": "pi_1", "status": "succeeded", "metadata": {"ref": "inv-1"}}),
+    ];
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&file, text).expect("report");
+    let path = file.to_string_lossy();
+    let args = [
+        "import-statement",
+        &path,
+        "--provider",
+        "bank",
+        "--format",
+        "jsonl",
+        "--json",
+        "--apply",
+        "--key-field",
+        "/metadata/oncely_key",
+        "--reference-field",
+        "/metadata/ref",
+    ];
+    let (code, stdout, stderr) = fleet.admin(&args).await;
+    assert_eq!(code, 0, "{stdout} {stderr}");
+    for (i, e) in orders.iter().enumerate() {
+        let op = fleet.op(&e.key).await.expect("row");
+        assert_eq!(op.status, Status::Succeeded, "{i}");
+        assert_eq!(op.provider_operation_id, Some(format!("pi_{i}")));
+    }
+}
