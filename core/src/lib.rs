@@ -23,6 +23,7 @@ pub mod journal;
 pub mod keys;
 pub mod metrics;
 pub mod publish;
+pub mod schema;
 pub mod status;
 pub mod telemetry;
 pub mod topology;

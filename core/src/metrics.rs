@@ -41,6 +41,11 @@ pub const OPERATIONS: &str = "oncely_operations";
 /// Connection (re)establishments, by `kind` (amqp) and `result`.
 pub const CONNECTIONS: &str = "oncely_connections_total";
 
+/// Gateway requests, by `route`, `method` and `status`.
+pub const GATEWAY_REQUESTS: &str = "oncely_gateway_requests_total";
+/// Gateway request latency, by `route` and `method`.
+pub const GATEWAY_REQUEST_SECONDS: &str = "oncely_gateway_request_seconds";
+
 /// Latency buckets (seconds): 1 ms … 60 s.
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -48,14 +53,24 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 /// Batch-size buckets.
 pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
-/// Install the global recorder and serve `/metrics` on `addr` (port 0 = disabled).
-pub fn install(addr: Option<SocketAddr>) -> Result<(), String> {
-    let mut b = PrometheusBuilder::new()
+fn builder() -> Result<PrometheusBuilder, String> {
+    PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Full(CLAIM_BATCH_SIZE.into()), BATCH_BUCKETS)
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+/// Install the global recorder and return a handle that renders `/metrics` (for a
+/// process that serves it on its own router, like the gateway).
+pub fn install_handle() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
+    builder()?.install_recorder().map_err(|e| e.to_string())
+}
+
+/// Install the global recorder and serve `/metrics` on `addr` (port 0 = disabled).
+pub fn install(addr: Option<SocketAddr>) -> Result<(), String> {
+    let mut b = builder()?;
     match addr {
         Some(a) if a.port() != 0 => b = b.with_http_listener(a),
         _ => {

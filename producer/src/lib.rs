@@ -11,8 +11,11 @@
 //! # Layout
 //! - [`producer`]: the SDK.
 //! - [`cli`]: the `oncely-producer` command.
+//! - [`watch`]: waiting for outcomes, woken by the outcomes exchange.
 
 pub mod cli;
 pub mod producer;
+pub mod watch;
 
 pub use producer::{Enqueued, Producer, ProducerError};
+pub use watch::OutcomeWatcher;

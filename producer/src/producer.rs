@@ -69,7 +69,8 @@ pub struct Producer {
     topology: Topology,
     secret: KeySecret,
     actor: String,
-    _conn: lapin::Connection,
+    watcher: tokio::sync::OnceCell<crate::OutcomeWatcher>,
+    conn: lapin::Connection,
 }
 
 impl Producer {
@@ -105,7 +106,8 @@ impl Producer {
             topology,
             secret,
             actor: format!("producer@{}", std::process::id()),
-            _conn: conn,
+            watcher: tokio::sync::OnceCell::new(),
+            conn,
         })
     }
 
@@ -216,28 +218,33 @@ impl Producer {
         Ok(self.journal.get(key).await?)
     }
 
-    /// Wait until the operation is terminal (or stuck for a person), polling the journal
-    /// with a gentle backoff; `None` when `timeout` passes first.
+    /// The outcome watcher of this producer's connection (started on first use).
+    pub async fn watcher(&self) -> Result<&crate::OutcomeWatcher, ProducerError> {
+        self.watcher
+            .get_or_try_init(|| crate::OutcomeWatcher::start(&self.conn, &self.topology))
+            .await
+            .map_err(|e| ProducerError::Connect(format!("watching outcomes: {e}")))
+    }
+
+    /// Whether the RabbitMQ connection is up.
+    pub fn broker_connected(&self) -> bool {
+        self.conn.status().connected()
+    }
+
+    /// Wait until the operation is terminal; `None` when `timeout` passes first (or there
+    /// is no such operation). Woken by the outcomes exchange ([`crate::watch`]), not by
+    /// polling the journal.
     pub async fn wait(
         &self,
         key: &IdempotencyKey,
         timeout: Duration,
     ) -> Result<Option<Operation>, ProducerError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut delay = Duration::from_millis(10);
-        loop {
-            if let Some(op) = self.journal.get(key).await?
-                && op.status.is_terminal()
-            {
-                return Ok(Some(op));
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(delay.min(deadline - now)).await;
-            delay = (delay * 2).min(Duration::from_millis(500));
-        }
+        let op = self
+            .watcher()
+            .await?
+            .wait(&self.journal, key, timeout)
+            .await?;
+        Ok(op.filter(|o| o.status.is_terminal()))
     }
 }
 

@@ -47,6 +47,8 @@ pub fn binary(name: &str) -> PathBuf {
                 "oncely-producer",
                 "-p",
                 "oncely-sandbox",
+                "-p",
+                "oncely-gateway",
             ])
             .status()
             .unwrap_or_else(|e| panic!("cargo build: {e}"));

@@ -142,9 +142,11 @@ where
 pub mod chaos;
 pub mod failpoint_worker;
 pub mod fleet;
+pub mod gateway;
 pub mod localstripe;
 pub mod mail;
 pub mod private_broker;
+pub mod proxy;
 pub mod tls;
 
 /// A TCP port free right now on 127.0.0.1 (for a process that binds it next).

@@ -23,6 +23,8 @@ pub struct Context {
     pub topology: Topology,
     /// This process's identity: the lease owner and the event actor.
     pub owner: String,
+    /// The payload schemas of the configured action types.
+    pub schemas: Arc<oncely_core::schema::PayloadSchemas>,
 }
 
 impl Context {
@@ -35,7 +37,10 @@ impl Context {
     ) -> anyhow::Result<Self> {
         let providers = provider::build_used(&config)?;
         let topology = Topology::new(&config.broker);
+        let schemas = oncely_core::schema::PayloadSchemas::from_config(&config)
+            .map_err(anyhow::Error::msg)?;
         Ok(Self {
+            schemas: Arc::new(schemas),
             config: Arc::new(config),
             journal,
             providers: Arc::new(providers),

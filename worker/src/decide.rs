@@ -128,6 +128,7 @@ mod tests {
             retry_delay: Duration::from_secs(2),
             on_unknown: OnUnknown::ReconcileThenReview,
             max_reconcile_checks: 5,
+            ..ActionPolicy::new("p")
         }
     }
 

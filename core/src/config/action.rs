@@ -48,6 +48,15 @@ pub struct ActionPolicy {
     /// Lookups that fail (or say "pending") before a person is asked.
     #[serde(default = "default_max_checks")]
     pub max_reconcile_checks: i32,
+    /// What the action does, in a sentence for people and models (the gateway's action
+    /// list and the MCP tool's description).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON Schema (draft 2020-12 unless `$schema` says otherwise) the payload must
+    /// satisfy; checked by the gateway before recording and by the worker before calling
+    /// the provider. `None`: any JSON object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_schema: Option<serde_json::Value>,
 }
 
 fn default_lease() -> Duration {
@@ -76,6 +85,8 @@ impl ActionPolicy {
             retry_delay: default_retry_delay(),
             on_unknown: default_on_unknown(),
             max_reconcile_checks: default_max_checks(),
+            description: None,
+            payload_schema: None,
         }
     }
 
@@ -106,6 +117,9 @@ impl ActionPolicy {
         }
         if self.max_attempts < 1 {
             return Err(invalid(f("max_attempts"), "must be at least 1"));
+        }
+        if let Some(schema) = &self.payload_schema {
+            crate::schema::compile(schema).map_err(|e| invalid(f("payload_schema"), e))?;
         }
         Ok(())
     }

@@ -122,7 +122,17 @@ async fn call(ctx: &Context, v: Valid, claim: Claim, claimed_at: Instant) -> Fin
         .providers
         .get(&policy.provider)
         .map_or(Duration::from_secs(5), |p| p.timeout());
-    let outcome = if claimed_at.elapsed() + timeout + Duration::from_secs(1) >= policy.lease {
+    let outcome = if let Err(v) = ctx.schemas.check(
+        env.intent.identity.action_type.as_str(),
+        &env.intent.payload,
+    ) {
+        // The payload never changes: no later attempt can do better. The path and the
+        // keyword only — the message may quote the payload.
+        tracing::warn!(key = %env.key, action_type = %env.intent.identity.action_type, path = %v.path, keyword = %v.keyword, "the payload does not match the action type's payload_schema; nothing was sent");
+        Outcome::Rejected {
+            code: "payload_schema".into(),
+        }
+    } else if claimed_at.elapsed() + timeout + Duration::from_secs(1) >= policy.lease {
         tracing::warn!(key = %env.key, attempt = claim.attempt, "lease too close to its end to call the provider; not sent");
         Outcome::NotSent {
             code: "lease_too_short".into(),

@@ -1,0 +1,227 @@
+//! The `oncely-gateway` command.
+
+use crate::service::Service;
+use crate::tokens::{self, Tokens};
+use clap::{Parser, Subcommand};
+use oncely_core::KeySecret;
+use oncely_core::config::{Config, parse_duration};
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The agents' front door: an HTTP API and an MCP tool server in front of oncely.
+#[derive(Debug, Parser)]
+#[command(
+    name = "oncely-gateway",
+    version,
+    about,
+    long_about = "The agents' front door: an HTTP API (POST /v1/actions/{action_type}) and an MCP tool server \
+(/mcp, or stdio) in front of oncely. Agents hold a bearer token, never the fleet's HMAC secret.\n\n\
+The key secret comes from ONCELY_KEY_SECRET_FILE (a file) or ONCELY_KEY_SECRET; Postgres from DATABASE_URL; \
+RabbitMQ from ONCELY_AMQP_URL; the action types (and their payload schemas) from the config. \
+See docs/gateway.md and docs/mcp.md."
+)]
+pub struct Cli {
+    /// Config file (TOML); default: the built-in config.
+    #[arg(long, global = true, env = "ONCELY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API and /mcp, and the ops listener (/healthz, /readyz, /metrics).
+    Serve(ServeArgs),
+    /// Serve the MCP tools on stdin/stdout for a desktop agent host.
+    Mcp {
+        /// Speak MCP on stdio (the only transport of this subcommand; /mcp is on `serve`).
+        #[arg(long)]
+        stdio: bool,
+        /// The tokens file.
+        #[arg(long, env = "ONCELY_GATEWAY_TOKENS_FILE")]
+        tokens_file: PathBuf,
+        /// The agent's token (from the environment, so it is not in `ps`).
+        #[arg(long = "token-env", default_value = "ONCELY_GATEWAY_TOKEN")]
+        token_env: String,
+    },
+    /// Print the OpenAPI document of the HTTP API.
+    Openapi,
+    /// Make and hash tokens for the tokens file.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `serve` options.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address of the API (and /mcp).
+    #[arg(long, env = "ONCELY_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Address of /healthz, /readyz and /metrics (no auth: keep it private).
+    #[arg(
+        long,
+        env = "ONCELY_GATEWAY_OPS_LISTEN",
+        default_value = "127.0.0.1:9465"
+    )]
+    pub ops_listen: SocketAddr,
+    /// The tokens file (hashed tokens, tenants, allowed action types; see docs/gateway.md).
+    #[arg(long, env = "ONCELY_GATEWAY_TOKENS_FILE")]
+    pub tokens_file: PathBuf,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// How long a client's Idempotency-Key header value is remembered.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub client_key_ttl: Duration,
+}
+
+/// `token` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Generate a token; print it (give it to the agent) and its tokens-file entry.
+    New {
+        /// The entry's id (for logs).
+        #[arg(long)]
+        id: String,
+        /// The tenant.
+        #[arg(long)]
+        tenant: String,
+        /// An allowed action type (repeat; none = all).
+        #[arg(long = "action")]
+        actions: Vec<String>,
+    },
+    /// Read a token on stdin, print its SHA-256 for the tokens file.
+    Hash,
+}
+
+/// Run; returns the exit code.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Openapi => {
+            println!("{}", serde_json::to_string_pretty(&crate::http::openapi())?);
+            Ok(0)
+        }
+        Command::Token(TokenCommand::Hash) => {
+            let mut t = String::new();
+            std::io::stdin().read_to_string(&mut t)?;
+            println!("{}", tokens::hash_hex(t.trim()));
+            Ok(0)
+        }
+        Command::Token(TokenCommand::New {
+            id,
+            tenant,
+            actions,
+        }) => {
+            let token = tokens::generate()?;
+            eprintln!("token (give it to the agent; it is not stored anywhere):");
+            println!("{token}");
+            eprintln!("\nentry for the tokens file:");
+            let mut entry = format!(
+                "[[token]]\nid = {id:?}\ntenant = {tenant:?}\nsha256 = \"{}\"\n",
+                tokens::hash_hex(&token)
+            );
+            if !actions.is_empty() {
+                entry.push_str(&format!("actions = {actions:?}\n"));
+            }
+            eprint!("{entry}");
+            Ok(0)
+        }
+        Command::Mcp {
+            stdio,
+            tokens_file,
+            token_env,
+        } => {
+            // stdout is the MCP channel: logs go to stderr (telemetry::init writes there).
+            oncely_core::telemetry::init_with_default("warn");
+            if !stdio {
+                anyhow::bail!(
+                    "`oncely-gateway mcp` serves stdio only: pass --stdio (the HTTP transport is /mcp on `oncely-gateway serve`)"
+                );
+            }
+            let config = Config::load(cli.config.as_deref())?;
+            let tokens = load_tokens(&config, &tokens_file)?;
+            let token = std::env::var(&token_env)
+                .map_err(|_| anyhow::anyhow!("set {token_env} to the agent's gateway token"))?;
+            let caller = tokens.authenticate(&token).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the token in {token_env} is not in {}",
+                    tokens_file.display()
+                )
+            })?;
+            let service = Service::connect(config, secret()?, tokens).await?;
+            crate::mcp::serve_stdio(service, caller).await?;
+            Ok(0)
+        }
+        Command::Serve(args) => serve(cli.config, args).await,
+    }
+}
+
+fn secret() -> anyhow::Result<KeySecret> {
+    KeySecret::from_env().map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+fn load_tokens(config: &Config, path: &std::path::Path) -> anyhow::Result<Tokens> {
+    let known = config.actions.keys().cloned().collect();
+    Ok(Tokens::load(path, &known)?)
+}
+
+async fn serve(config_path: Option<PathBuf>, args: ServeArgs) -> anyhow::Result<i32> {
+    oncely_core::telemetry::init();
+    let metrics = oncely_core::metrics::install_handle().map_err(anyhow::Error::msg)?;
+    let config = Config::load(config_path.as_deref())?;
+    let tokens = load_tokens(&config, &args.tokens_file)?;
+    let service = Service::connect(config, secret()?, tokens).await?;
+    let api = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let ops = tokio::net::TcpListener::bind(args.ops_listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.ops_listen))?;
+    tracing::info!(listen = %api.local_addr()?, ops = %ops.local_addr()?, "gateway ready");
+    expire_client_keys(service.clone(), args.client_key_ttl);
+    let ops_app = crate::http::ops(service.clone(), metrics);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(ops, ops_app).await {
+            tracing::error!(error = %e, "ops listener stopped");
+        }
+    });
+    axum::serve(api, crate::http::api(service, args.max_body_bytes))
+        .with_graceful_shutdown(shutdown())
+        .await?;
+    Ok(0)
+}
+
+/// Delete old Idempotency-Key rows every minute.
+fn expire_client_keys(service: std::sync::Arc<Service>, ttl: Duration) {
+    tokio::spawn(async move {
+        loop {
+            let pool = service.producer().await.journal().pool().clone();
+            match crate::client_keys::expire(&pool, ttl).await {
+                Ok(n) if n > 0 => tracing::info!(deleted = n, "expired Idempotency-Key values"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "could not expire Idempotency-Key values"),
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+    });
+}
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down");
+}

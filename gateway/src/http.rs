@@ -1,0 +1,517 @@
+//! The HTTP API (`/v1`), its OpenAPI document, and the ops listener (`/healthz`,
+//! `/readyz`, `/metrics`).
+//!
+//! `/openapi.json` is generated from the handlers' own annotations and types (utoipa);
+//! the integration tests request every documented path and method from a running
+//! gateway, so a route the document names but the router lacks fails CI.
+
+use crate::service::{ActionTypeInfo, ActionView, ApiError, Caller, Service, Submitted};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{
+    DefaultBodyLimit, FromRequestParts, MatchedPath, Path, RawQuery, Request, State,
+};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use oncely_core::config::parse_duration;
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+/// Default request body limit (bytes): leaves room for the envelope around the payload
+/// within the worker's 256 KiB message limit.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 192 * 1024;
+/// The response header that marks a replay (a duplicate's saved answer).
+pub const REPLAYED: &str = "idempotent-replayed";
+
+type AppState = Arc<Service>;
+
+/// The body of `POST /v1/actions/{action_type}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ActionBody {
+    /// The business process instance: the conversation's or case's stable id.
+    pub workflow_id: String,
+    /// The plan step that decided this action (stable across retries).
+    pub step: String,
+    /// The business object acted on.
+    pub business_object: String,
+    /// The object's revision: a new revision is a new action.
+    pub revision: i64,
+    /// The payload for the provider (checked against the action type's schema).
+    #[schema(value_type = Object)]
+    pub payload: Value,
+}
+
+/// Where to find an operation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Links {
+    /// `GET` this for the status.
+    #[serde(rename = "self")]
+    pub self_: String,
+    /// `GET` this to wait for the end.
+    pub wait: String,
+}
+
+/// The answer to an accepted submit (202 new, 200 duplicate).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubmitAnswer {
+    /// `enqueued` (new) or `duplicate` (requested before; nothing new happens).
+    pub outcome: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The status now.
+    pub status: String,
+    /// Links.
+    pub links: Links,
+    /// For a duplicate: the operation as it stands, with its saved result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<ActionView>,
+}
+
+/// An error answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorAnswer {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable code: `invalid_request`, `malformed_json`, `schema_violation`, `unauthorized`,
+    /// `forbidden_action_type`, `unknown_action_type`, `not_found`, `request_in_progress`,
+    /// `conflict`, `idempotency_key_reused`, `payload_too_large`, `database_unavailable`,
+    /// `broker_unavailable`, `internal`.
+    pub code: String,
+    /// For people.
+    pub message: String,
+    /// JSON Pointer of the offending field of the request body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The key concerned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// The configured action types.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ActionTypes {
+    /// Those the caller may enqueue.
+    pub action_types: Vec<ActionTypeInfo>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = ErrorAnswer {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+                field: self.field,
+                key: self.key,
+            },
+        };
+        let mut r = (status, Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+/// The bearer token from a header map.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        bearer(&parts.headers)
+            .and_then(|t| state.authenticate(t))
+            .ok_or_else(|| {
+                ApiError::new(
+                    401,
+                    "unauthorized",
+                    "a valid `Authorization: Bearer <token>` header is required",
+                )
+            })
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    paths(submit, get_action, action_types),
+    info(
+        title = "oncely gateway",
+        description = "Enqueue AI agents' side effects so they happen once. The idempotency key is derived from the business identity (tenant from the token, action type, workflow_id, step, business_object, revision); repeating a request is always safe."
+    ),
+    modifiers(&BearerAuth),
+    tags((name = "actions", description = "Enqueue actions and follow them"))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The `/v1` API, `/openapi.json` and the MCP endpoint (`/mcp`).
+pub fn api(service: AppState, max_body_bytes: usize) -> axum::Router {
+    use axum::routing::get;
+    // One parameter name per position (the router's rule): `{id}` is the action type for
+    // POST and the key for GET; the document names them `{action_type}` and `{key}`.
+    axum::Router::new()
+        .route(
+            "/v1/actions/{id}",
+            axum::routing::post(submit).get(get_action),
+        )
+        .route("/v1/action-types", get(action_types))
+        .route("/openapi.json", get(|| async { Json(openapi()) }))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(service.clone())
+        .merge(crate::mcp::router(service))
+        .layer(middleware::from_fn(count))
+}
+
+/// The OpenAPI document (what `/openapi.json` serves).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// Count requests by route and status, and time them.
+async fn count(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = req.method().as_str().to_owned();
+    let started = Instant::now();
+    let r = next.run(req).await;
+    let status = r.status().as_u16().to_string();
+    metrics::counter!(oncely_core::metrics::GATEWAY_REQUESTS, "route" => route.clone(), "method" => method.clone(), "status" => status).increment(1);
+    metrics::histogram!(oncely_core::metrics::GATEWAY_REQUEST_SECONDS, "route" => route, "method" => method)
+        .record(started.elapsed().as_secs_f64());
+    r
+}
+
+fn links(key: &str) -> Links {
+    let k = percent_encode(key);
+    Links {
+        self_: format!("/v1/actions/{k}"),
+        wait: format!("/v1/actions/{k}?wait=30s"),
+    }
+}
+
+/// Percent-encode a path segment (keys hold `:`).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Enqueue an action.
+///
+/// Records the intent (`planned`) in Postgres, then publishes it; a worker runs it once.
+/// The key is derived from the tenant (from the token) and the business identity, so
+/// repeating the request is safe: it answers `200` with the saved status and result.
+#[utoipa::path(
+    post,
+    path = "/v1/actions/{action_type}",
+    tag = "actions",
+    params(
+        ("action_type" = String, Path, description = "A configured action type, e.g. `email.send`"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional client key (IETF draft): reuse with another request → 422, concurrent use → 409")
+    ),
+    request_body = ActionBody,
+    responses(
+        (status = 202, description = "Recorded and published: it will run once", body = SubmitAnswer),
+        (status = 200, description = "Requested before (header `Idempotent-Replayed: true`): nothing new happens", body = SubmitAnswer),
+        (status = 400, description = "Bad input; `field` names it", body = ErrorAnswer),
+        (status = 401, description = "No or bad token", body = ErrorAnswer),
+        (status = 403, description = "The token may not enqueue this action type", body = ErrorAnswer),
+        (status = 404, description = "No such action type", body = ErrorAnswer),
+        (status = 409, description = "A request with this Idempotency-Key is still being recorded", body = ErrorAnswer),
+        (status = 413, description = "Body too large", body = ErrorAnswer),
+        (status = 422, description = "`conflict`: the same identity was requested with another payload (nothing executed); `idempotency_key_reused`", body = ErrorAnswer),
+        (status = 503, description = "Postgres or RabbitMQ is down (header `Retry-After`); retrying is safe", body = ErrorAnswer)
+    ),
+    security(("bearer" = []))
+)]
+async fn submit(
+    State(service): State<AppState>,
+    caller: Result<Caller, ApiError>,
+    Path(action_type): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let caller = caller?;
+    let body = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                413,
+                "payload_too_large",
+                format!("the request body is over the limit ({r})"),
+            )
+        } else {
+            ApiError::new(400, "invalid_request", r.body_text())
+        }
+    })?;
+    let client_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => match v.to_str().ok().map(|s| s.trim_matches('"')) {
+            Some(s) if crate::client_keys::valid(s) => Some(s.to_owned()),
+            _ => {
+                return Err(ApiError::new(
+                    400,
+                    "invalid_request",
+                    "Idempotency-Key must be 1..=255 visible ASCII characters",
+                ));
+            }
+        },
+    };
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(400, "malformed_json", format!("the body is not JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::new(
+            400,
+            "invalid_request",
+            "the body must be a JSON object",
+        ));
+    };
+    let submitted = service
+        .submit_json(&caller, &action_type, map, client_key.as_deref())
+        .await?;
+    Ok(match submitted {
+        Submitted::Enqueued { key } => (
+            StatusCode::ACCEPTED,
+            Json(SubmitAnswer {
+                outcome: "enqueued".into(),
+                links: links(&key),
+                key,
+                status: "planned".into(),
+                action: None,
+            }),
+        )
+            .into_response(),
+        Submitted::Duplicate { view } => {
+            let mut r = (
+                StatusCode::OK,
+                Json(SubmitAnswer {
+                    outcome: "duplicate".into(),
+                    key: view.key.clone(),
+                    status: view.status.clone(),
+                    links: links(&view.key),
+                    action: Some(view),
+                }),
+            )
+                .into_response();
+            r.headers_mut()
+                .insert(REPLAYED, HeaderValue::from_static("true"));
+            r
+        }
+        Submitted::Conflict { key } => {
+            let mut e = ApiError::new(
+                422,
+                "conflict",
+                "the same action (same workflow_id, step, business_object and revision) was already requested with a different payload; nothing was executed",
+            );
+            e.key = Some(key);
+            e.into_response()
+        }
+    })
+}
+
+/// An operation's status and result (never its payload); with `?wait=30s`, waits
+/// until it is terminal (woken by the outcome event) or the time is up.
+#[utoipa::path(
+    get,
+    path = "/v1/actions/{key}",
+    tag = "actions",
+    params(
+        ("key" = String, Path, description = "The idempotency key (`v1:…`, percent-encoded)"),
+        ("wait" = Option<String>, Query, description = "Wait up to this long for a terminal status (`30s`, `1500ms`; at most 60s)")
+    ),
+    responses(
+        (status = 200, description = "The operation (check `terminal`)", body = ActionView),
+        (status = 400, description = "Bad `wait`", body = ErrorAnswer),
+        (status = 401, description = "No or bad token", body = ErrorAnswer),
+        (status = 404, description = "No such operation for this tenant", body = ErrorAnswer),
+        (status = 503, description = "Postgres is down", body = ErrorAnswer)
+    ),
+    security(("bearer" = []))
+)]
+async fn get_action(
+    State(service): State<AppState>,
+    caller: Result<Caller, ApiError>,
+    Path(key): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<ActionView>, ApiError> {
+    let caller = caller?;
+    let wait = wait_param(query.as_deref(), service.max_wait)?;
+    let view = match wait {
+        None => service.status(&caller, &key).await?,
+        Some(t) => service.wait(&caller, &key, t).await?,
+    };
+    Ok(Json(view))
+}
+
+/// `wait=…` from the query string (at most `max`).
+fn wait_param(query: Option<&str>, max: Duration) -> Result<Option<Duration>, ApiError> {
+    let bad = |m: String| {
+        let mut e = ApiError::new(400, "invalid_request", m);
+        e.field = Some("wait".into());
+        e
+    };
+    let Some(q) = query else { return Ok(None) };
+    for pair in q.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "wait" => return parse_duration(v).map(|d| Some(d.min(max))).map_err(bad),
+            "" => {}
+            other => {
+                return Err(bad(format!(
+                    "unknown query parameter {other:?} (only `wait`)"
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The action types the token may enqueue, each with the JSON Schema of its payload.
+#[utoipa::path(
+    get,
+    path = "/v1/action-types",
+    tag = "actions",
+    responses(
+        (status = 200, description = "The action types", body = ActionTypes),
+        (status = 401, description = "No or bad token", body = ErrorAnswer)
+    ),
+    security(("bearer" = []))
+)]
+async fn action_types(
+    State(service): State<AppState>,
+    caller: Result<Caller, ApiError>,
+) -> Result<Json<ActionTypes>, ApiError> {
+    let caller = caller?;
+    Ok(Json(ActionTypes {
+        action_types: service.action_types(&caller),
+    }))
+}
+
+/// The ops listener: `/healthz` (the process answers), `/readyz` (Postgres and RabbitMQ
+/// answer), `/metrics` (Prometheus). No auth: bind it to a private address.
+pub fn ops(
+    service: AppState,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+) -> axum::Router {
+    axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let service = service.clone();
+                async move {
+                    match service.ready().await {
+                        Ok(()) => (StatusCode::OK, Json(json!({"ready": true}))),
+                        Err(e) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            Json(json!({"ready": false, "reason": e})),
+                        ),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let h = metrics.clone();
+                async move { h.render() }
+            }),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_percent_encoded_in_links() {
+        assert_eq!(links("v1:ab").self_, "/v1/actions/v1%3Aab");
+        assert_eq!(links("v1:ab").wait, "/v1/actions/v1%3Aab?wait=30s");
+    }
+
+    #[test]
+    fn the_wait_parameter_is_parsed_and_capped() {
+        let max = Duration::from_secs(60);
+        assert_eq!(wait_param(None, max).expect("none"), None);
+        assert_eq!(
+            wait_param(Some("wait=1500ms"), max).expect("ms"),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(wait_param(Some("wait=5m"), max).expect("cap"), Some(max));
+        assert_eq!(
+            wait_param(Some("wait=soon"), max)
+                .expect_err("bad")
+                .field
+                .as_deref(),
+            Some("wait")
+        );
+        assert!(wait_param(Some("watt=1s"), max).is_err());
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_case_insensitively() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer abc"),
+        );
+        assert_eq!(bearer(&h), Some("abc"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn the_openapi_document_has_the_routes() {
+        let doc = serde_json::to_value(openapi()).expect("json");
+        let paths = doc["paths"].as_object().expect("paths");
+        let mut names: Vec<&str> = paths.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "/v1/action-types",
+                "/v1/actions/{action_type}",
+                "/v1/actions/{key}"
+            ]
+        );
+        assert!(paths["/v1/actions/{action_type}"]["post"]["responses"]["422"].is_object());
+    }
+}

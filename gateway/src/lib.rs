@@ -1,0 +1,23 @@
+//! oncely-gateway: the agents' front door.
+//!
+//! Agents enqueue actions over HTTP (`POST /v1/actions/{action_type}`) or as MCP tools,
+//! with a bearer token — never the fleet's HMAC secret, never an AMQP client. The gateway
+//! derives the key (tenant from the token + business identity), records `planned` in
+//! Postgres and publishes through the producer SDK, exactly as a Rust producer would.
+//!
+//! # Layout
+//! - [`service`]: what the gateway does, for both front ends.
+//! - [`http`]: the HTTP API, `/openapi.json`, the ops listener.
+//! - [`mcp`]: the MCP tool server (streamable HTTP at `/mcp`, stdio).
+//! - [`tokens`]: bearer tokens, tenants, allowed action types.
+//! - [`client_keys`]: the optional `Idempotency-Key` header.
+//! - [`cli`]: the `oncely-gateway` command.
+
+pub mod cli;
+pub mod client_keys;
+pub mod http;
+pub mod mcp;
+pub mod service;
+pub mod tokens;
+
+pub use service::Service;

@@ -1,0 +1,574 @@
+//! MCP (Model Context Protocol) front end of the gateway, built on the official
+//! Rust SDK `rmcp`.
+//!
+//! Every action type the caller may use becomes one tool (named
+//! [`ActionTypeInfo::tool`]), plus the two built-in tools `action_status` and
+//! `action_wait`. Tools are computed per caller, so [`OncelyMcp`] implements
+//! [`ServerHandler::list_tools`] / [`ServerHandler::call_tool`] by hand instead
+//! of using rmcp's `#[tool]` macros.
+//!
+//! Two transports:
+//! * Streamable HTTP: [`router`] returns an axum `Router` serving [`MCP_PATH`]
+//!   (`/mcp`), guarded by the same bearer tokens as the REST API (401 before any
+//!   MCP handling). The middleware stores the resolved [`Caller`] in the HTTP
+//!   request extensions; rmcp copies the request's `http::request::Parts` into
+//!   the MCP `RequestContext::extensions` of *every* JSON-RPC request (stateful
+//!   session or not), and the handler reads the `Caller` from there. The caller
+//!   is therefore resolved per HTTP request, never per session.
+//! * stdio: [`serve_stdio`] with a fixed caller resolved at start-up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header, request::Parts};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use rmcp::model::{
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Map, Value, json};
+
+use crate::service::{
+    ActionRequest, ActionTypeInfo, ActionView, ApiError, Caller, Service, Submitted,
+};
+
+/// Path at which [`router`] serves the MCP endpoint.
+pub const MCP_PATH: &str = "/mcp";
+
+/// Name of the built-in status tool.
+pub const TOOL_STATUS: &str = "action_status";
+/// Name of the built-in wait tool.
+pub const TOOL_WAIT: &str = "action_wait";
+
+/// Default `timeout_seconds` of `action_wait`.
+const WAIT_DEFAULT_SECS: f64 = 30.0;
+/// Maximum `timeout_seconds` of `action_wait` (larger values are clamped).
+const WAIT_MAX_SECS: f64 = 60.0;
+
+const INSTRUCTIONS: &str = "oncely runs side effects (emails, payments, ...) exactly once. \
+Each action tool takes an identity (workflow_id, step, business_object, revision) and a payload. \
+Repeating a call with the same identity and payload never runs the action twice; it returns the \
+earlier outcome. Action tools return a key at once; call action_wait with it to get the result.";
+
+/// The MCP server handler.
+///
+/// For HTTP one instance is built per session by rmcp; it holds no caller and
+/// reads it from each request. For stdio it holds the fixed caller.
+#[derive(Debug, Clone)]
+pub struct OncelyMcp {
+    service: Arc<Service>,
+    fixed_caller: Option<Caller>,
+}
+
+impl OncelyMcp {
+    /// Handler for the HTTP transport: the caller comes from each request.
+    pub fn http(service: Arc<Service>) -> Self {
+        Self {
+            service,
+            fixed_caller: None,
+        }
+    }
+
+    /// Handler with a fixed caller (stdio).
+    pub fn with_caller(service: Arc<Service>, caller: Caller) -> Self {
+        Self {
+            service,
+            fixed_caller: Some(caller),
+        }
+    }
+
+    /// The caller of this request: the fixed one (stdio), else the one the
+    /// auth middleware put into the HTTP request extensions, else (defence in
+    /// depth, if mounted without the middleware) the request's bearer token.
+    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<Caller, McpError> {
+        if let Some(caller) = &self.fixed_caller {
+            return Ok(caller.clone());
+        }
+        let parts = ctx.extensions.get::<Parts>();
+        parts
+            .and_then(|p| p.extensions.get::<Caller>().cloned())
+            .or_else(|| {
+                parts
+                    .and_then(|p| bearer_token(&p.headers))
+                    .and_then(|t| self.service.authenticate(t))
+            })
+            .ok_or_else(|| McpError::invalid_request("not authenticated", None))
+    }
+
+    fn action_types(&self, caller: &Caller) -> Vec<ActionTypeInfo> {
+        self.service
+            .action_types(caller)
+            .into_iter()
+            .filter(|t| {
+                let builtin = t.tool == TOOL_STATUS || t.tool == TOOL_WAIT;
+                if builtin {
+                    tracing::warn!(action_type = %t.name, tool = %t.tool, "action type tool name collides with a built-in tool; not offered over MCP");
+                }
+                !builtin
+            })
+            .collect()
+    }
+
+    async fn run_action(
+        &self,
+        caller: &Caller,
+        info: &ActionTypeInfo,
+        args: &JsonObject,
+    ) -> CallToolResult {
+        let req = match parse_action_args(args) {
+            Ok(req) => req,
+            Err(e) => return api_error_result(&e),
+        };
+        match self.service.submit(caller, &info.name, req, None).await {
+            Ok(Submitted::Enqueued { key }) => {
+                tracing::info!(tenant = %caller.tenant, token = %caller.token_id, action_type = %info.name, %key, "mcp: enqueued");
+                ok_result(
+                    format!(
+                        "queued: this action will run once. key: {key}; call {TOOL_WAIT} with this key for the result"
+                    ),
+                    json!({"outcome": "queued", "key": key}),
+                )
+            }
+            Ok(Submitted::Duplicate { view }) => ok_result(
+                format!(
+                    "already requested earlier (not run again). key: {}; {}",
+                    view.key,
+                    describe(&view)
+                ),
+                json!({"outcome": "duplicate", "action": view}),
+            ),
+            Ok(Submitted::Conflict { key }) => error_result(
+                format!(
+                    "refused: the same action (same workflow_id/step/business_object/revision) was already \
+                     requested with different content; nothing was executed. key: {key}. If you really mean a \
+                     new, different action for the same business object, increase revision."
+                ),
+                json!({"outcome": "conflict", "key": key}),
+            ),
+            Err(e) => api_error_result(&e),
+        }
+    }
+
+    async fn run_status(&self, caller: &Caller, args: &JsonObject) -> CallToolResult {
+        let key = match required_str(args, "key") {
+            Ok(k) => k,
+            Err(e) => return api_error_result(&e),
+        };
+        match self.service.status(caller, &key).await {
+            Ok(view) => view_result(&view),
+            Err(e) => api_error_result(&e),
+        }
+    }
+
+    async fn run_wait(
+        &self,
+        caller: &Caller,
+        args: &JsonObject,
+        ctx: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let key = match required_str(args, "key") {
+            Ok(k) => k,
+            Err(e) => return api_error_result(&e),
+        };
+        let secs = match args.get("timeout_seconds") {
+            None | Some(Value::Null) => WAIT_DEFAULT_SECS,
+            Some(v) => match v.as_f64() {
+                Some(s) if s >= 0.0 => s.min(WAIT_MAX_SECS),
+                _ => {
+                    return api_error_result(&schema_violation(
+                        "/timeout_seconds",
+                        "timeout_seconds must be a non-negative number (max 60)",
+                    ));
+                }
+            },
+        };
+        let wait = self
+            .service
+            .wait(caller, &key, Duration::from_secs_f64(secs));
+        let res = tokio::select! {
+            res = wait => res,
+            () = ctx.ct.cancelled() => return error_result("cancelled by the client".to_owned(), json!({"outcome": "cancelled"})),
+        };
+        match res {
+            Ok(view) if view.terminal => view_result(&view),
+            Ok(view) => ok_result(
+                format!(
+                    "not finished yet after {secs:.0}s. key: {}; {}. Call {TOOL_WAIT} again with the same key.",
+                    view.key,
+                    describe(&view)
+                ),
+                json!({"outcome": "pending", "action": view}),
+            ),
+            Err(e) => api_error_result(&e),
+        }
+    }
+}
+
+impl ServerHandler for OncelyMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("oncely", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let caller = self.caller(&ctx)?;
+        let mut tools: Vec<Tool> = self.action_types(&caller).iter().map(action_tool).collect();
+        tools.push(status_tool());
+        tools.push(wait_tool());
+        // The list depends on the caller: never let it be cached for others.
+        Ok(ListToolsResult::with_all_items(tools).with_cache_scope(CacheScope::Private))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let caller = self.caller(&ctx)?;
+        let args = request.arguments.unwrap_or_default();
+        let name = request.name.as_ref();
+        let result = match name {
+            TOOL_STATUS => self.run_status(&caller, &args).await,
+            TOOL_WAIT => self.run_wait(&caller, &args, &ctx).await,
+            _ => {
+                let Some(info) = self
+                    .action_types(&caller)
+                    .into_iter()
+                    .find(|t| t.tool == name)
+                else {
+                    // MCP spec: unknown tool is a JSON-RPC error -32602.
+                    return Err(McpError::invalid_params(
+                        format!("Unknown tool: {name}"),
+                        None,
+                    ));
+                };
+                self.run_action(&caller, &info, &args).await
+            }
+        };
+        Ok(result.into())
+    }
+}
+
+/// The MCP endpoint as an axum router serving [`MCP_PATH`], with bearer auth.
+///
+/// Merge it into the gateway's router: `app.merge(mcp::router(service))`.
+/// Uses rmcp's default config, whose DNS-rebinding protection accepts only
+/// loopback `Host` headers; use [`router_with_config`] in deployments.
+pub fn router(service: Arc<Service>) -> axum::Router {
+    router_with_config(service, StreamableHttpServerConfig::default())
+}
+
+/// Like [`router`] with an explicit rmcp config, e.g.
+/// `StreamableHttpServerConfig::default().with_allowed_hosts(["gw.example.com"])`
+/// (or `.disable_allowed_hosts()` behind a trusted proxy) and
+/// `.with_cancellation_token(shutdown)` so open SSE streams end on shutdown.
+pub fn router_with_config(
+    service: Arc<Service>,
+    config: StreamableHttpServerConfig,
+) -> axum::Router {
+    let factory_service = service.clone();
+    let mcp = StreamableHttpService::new(
+        move || Ok(OncelyMcp::http(factory_service.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    axum::Router::new()
+        .route_service(MCP_PATH, mcp)
+        .layer(middleware::from_fn_with_state(service, require_bearer))
+}
+
+/// Serve MCP over stdin/stdout for `caller` until the client disconnects.
+pub async fn serve_stdio(service: Arc<Service>, caller: Caller) -> anyhow::Result<()> {
+    let running = OncelyMcp::with_caller(service, caller)
+        .serve(rmcp::transport::stdio())
+        .await?;
+    running.waiting().await?;
+    Ok(())
+}
+
+/// axum middleware: 401 unless `Authorization: Bearer <valid token>`; on
+/// success the [`Caller`] is added to the request extensions.
+async fn require_bearer(
+    State(service): State<Arc<Service>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    match bearer_token(req.headers()).and_then(|t| service.authenticate(t)) {
+        Some(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        None => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "missing or invalid bearer token",
+        )
+            .into_response(),
+    }
+}
+
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+// ---- tool definitions -------------------------------------------------------
+
+fn object_schema(value: Value) -> Arc<JsonObject> {
+    match value {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::new(Map::new()),
+    }
+}
+
+fn action_tool(info: &ActionTypeInfo) -> Tool {
+    let description = format!(
+        "{desc}\n\nRuns the action `{name}` exactly once. Identify it with workflow_id (the conversation's or \
+         case's stable id), step (the plan step that decided this, stable across retries), business_object \
+         (what it acts on) and revision (default 1). Calling again with the same identity and payload is safe: \
+         nothing runs again and you get the earlier outcome. The same identity with a different payload is \
+         refused; to deliberately act again on the same business object, increase revision. Returns a key \
+         immediately; call {TOOL_WAIT} with it for the result.",
+        desc = info.description.trim_end(),
+        name = info.name,
+    );
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "workflow_id": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The conversation's or case's stable id, never a run id or timestamp."
+            },
+            "step": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The plan step that decided this action, stable across retries (e.g. 'notify-customer')."
+            },
+            "business_object": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The business object the action is about (e.g. 'invoice:INV-42', 'customer:c_17')."
+            },
+            "revision": {
+                "type": "integer",
+                "minimum": 1,
+                "default": 1,
+                "description": "1 unless you deliberately want to perform this action again for the same business object; then increase it."
+            },
+            "payload": info.payload_schema,
+        },
+        "required": ["workflow_id", "step", "business_object", "payload"],
+        "additionalProperties": false
+    });
+    Tool::new(info.tool.clone(), description, object_schema(schema)).with_annotations(
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(true)
+            .open_world(true),
+    )
+}
+
+fn status_tool() -> Tool {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "key": {"type": "string", "description": "The key returned when the action was requested."}
+        },
+        "required": ["key"],
+        "additionalProperties": false
+    });
+    Tool::new(
+        TOOL_STATUS,
+        "Current status of an action requested earlier (does not wait).",
+        object_schema(schema),
+    )
+    .with_annotations(ToolAnnotations::new().read_only(true).open_world(false))
+}
+
+fn wait_tool() -> Tool {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "key": {"type": "string", "description": "The key returned when the action was requested."},
+            "timeout_seconds": {
+                "type": "integer", "minimum": 0, "maximum": 60, "default": 30,
+                "description": "How long to wait at most (default 30, max 60)."
+            }
+        },
+        "required": ["key"],
+        "additionalProperties": false
+    });
+    Tool::new(
+        TOOL_WAIT,
+        "Wait until an action requested earlier has finished (or the timeout passes) and return its status and result.",
+        object_schema(schema),
+    )
+    .with_annotations(ToolAnnotations::new().read_only(true).open_world(false))
+}
+
+// ---- argument parsing --------------------------------------------------------
+
+const ACTION_FIELDS: [&str; 5] = [
+    "workflow_id",
+    "step",
+    "business_object",
+    "revision",
+    "payload",
+];
+
+fn schema_violation(field: &str, message: impl Into<String>) -> ApiError {
+    let mut e = ApiError::new(400, "schema_violation", message);
+    e.field = Some(field.to_owned());
+    e
+}
+
+fn required_str(args: &JsonObject, name: &str) -> Result<String, ApiError> {
+    match args.get(name) {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
+        Some(Value::String(_)) => Err(schema_violation(
+            &format!("/{name}"),
+            format!("{name} must not be empty"),
+        )),
+        Some(_) => Err(schema_violation(
+            &format!("/{name}"),
+            format!("{name} must be a string"),
+        )),
+        None => Err(schema_violation(
+            &format!("/{name}"),
+            format!("missing required argument {name}"),
+        )),
+    }
+}
+
+fn parse_action_args(args: &JsonObject) -> Result<ActionRequest, ApiError> {
+    if let Some(extra) = args.keys().find(|k| !ACTION_FIELDS.contains(&k.as_str())) {
+        return Err(schema_violation(
+            &format!("/{extra}"),
+            format!(
+                "unknown argument {extra}; allowed: workflow_id, step, business_object, revision, payload \
+                 (action fields go inside payload)"
+            ),
+        ));
+    }
+    let revision = match args.get("revision") {
+        None | Some(Value::Null) => 1,
+        Some(v) => v
+            .as_i64()
+            .filter(|r| *r >= 1)
+            .ok_or_else(|| schema_violation("/revision", "revision must be an integer >= 1"))?,
+    };
+    let payload = match args.get("payload") {
+        Some(p @ Value::Object(_)) => p.clone(),
+        Some(_) => return Err(schema_violation("/payload", "payload must be an object")),
+        None => {
+            return Err(schema_violation(
+                "/payload",
+                "missing required argument payload",
+            ));
+        }
+    };
+    Ok(ActionRequest {
+        workflow_id: required_str(args, "workflow_id")?,
+        step: required_str(args, "step")?,
+        business_object: required_str(args, "business_object")?,
+        revision,
+        payload,
+    })
+}
+
+// ---- results -------------------------------------------------------------------
+
+fn ok_result(text: String, structured: Value) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = Some(structured);
+    r
+}
+
+fn error_result(text: String, structured: Value) -> CallToolResult {
+    let mut r = CallToolResult::error(vec![ContentBlock::text(text)]);
+    r.structured_content = Some(structured);
+    r
+}
+
+fn api_error_result(e: &ApiError) -> CallToolResult {
+    let field = e
+        .field
+        .as_deref()
+        .map(|f| format!(" (field {f})"))
+        .unwrap_or_default();
+    error_result(
+        format!("error {}: {}{field}", e.code, e.message),
+        json!({"outcome": "error", "error": {"status": e.status, "code": e.code, "message": e.message, "field": e.field}}),
+    )
+}
+
+fn describe(view: &ActionView) -> String {
+    let mut s = format!("status: {}", view.status);
+    match &view.result {
+        Some(r) => s.push_str(&format!(", result: {r}")),
+        None if !view.terminal => s.push_str(", result: not available yet"),
+        None => {}
+    }
+    if let Some(code) = &view.error_code {
+        s.push_str(&format!(", error_code: {code}"));
+    }
+    s
+}
+
+fn view_result(view: &ActionView) -> CallToolResult {
+    let text = format!(
+        "key: {}; action_type: {}; {}; attempt: {}",
+        view.key,
+        view.action_type,
+        describe(view),
+        view.attempt
+    );
+    ok_result(
+        text,
+        json!({"outcome": if view.terminal { "finished" } else { "pending" }, "action": view}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_parsing() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer_token(&h), None);
+        h.insert(header::AUTHORIZATION, "Bearer abc".parse().expect("header"));
+        assert_eq!(bearer_token(&h), Some("abc"));
+        h.insert(header::AUTHORIZATION, "basic abc".parse().expect("header"));
+        assert_eq!(bearer_token(&h), None);
+    }
+
+    #[test]
+    fn revision_defaults_to_one_and_unknown_args_rejected() {
+        let args = json!({"workflow_id": "w", "step": "s", "business_object": "b", "payload": {}});
+        let Value::Object(args) = args else { panic!() };
+        assert_eq!(parse_action_args(&args).expect("ok").revision, 1);
+        let mut extra = args.clone();
+        extra.insert("to".into(), json!("x"));
+        assert_eq!(
+            parse_action_args(&extra).expect_err("err").field.as_deref(),
+            Some("/to")
+        );
+    }
+}

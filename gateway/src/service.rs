@@ -1,0 +1,534 @@
+//! What the gateway does, independent of how it is asked (HTTP or MCP): authenticate,
+//! check, record + publish through the producer SDK, read status, wait.
+
+use crate::client_keys::{self, Begin};
+pub use crate::tokens::Caller;
+use crate::tokens::Tokens;
+use oncely_core::config::Config;
+use oncely_core::intent::EnvelopeError;
+use oncely_core::journal::{JournalError, Operation};
+use oncely_core::schema::{self, PayloadSchemas};
+use oncely_core::{IdempotencyKey, Intent, KeySecret, Status};
+use oncely_producer::{Enqueued, Producer, ProducerError};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::sync::RwLock;
+
+/// The `Retry-After` the gateway asks for when Postgres or RabbitMQ is down.
+pub const RETRY_AFTER_SECS: u64 = 2;
+/// Longest `wait` a caller may ask for.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// An agent's request, as the MCP tools take it (HTTP bodies go through
+/// [`Service::submit_json`], which names the offending field).
+#[derive(Debug, Clone)]
+pub struct ActionRequest {
+    /// The workflow (conversation, case).
+    pub workflow_id: String,
+    /// The plan step.
+    pub step: String,
+    /// The business object acted on.
+    pub business_object: String,
+    /// Its revision.
+    pub revision: i64,
+    /// The payload for the provider.
+    pub payload: Value,
+}
+
+/// An operation as agents see it: status and result, never the payload.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ActionView {
+    /// The idempotency key.
+    pub key: String,
+    /// The action type.
+    pub action_type: String,
+    /// `planned`, `executing`, `succeeded`, `failed_retryable`, `failed_final`, `unknown`.
+    pub status: String,
+    /// Whether the status is final (`succeeded`, `failed_final`).
+    pub terminal: bool,
+    /// Attempts so far.
+    pub attempt: i32,
+    /// The provider's saved answer, once succeeded.
+    pub result: Option<Value>,
+    /// The provider's id of the effect, once succeeded.
+    pub provider_operation_id: Option<String>,
+    /// The last error code (`http_422`, `payload_schema`, …).
+    pub error_code: Option<String>,
+}
+
+impl ActionView {
+    fn of(op: &Operation) -> Self {
+        Self {
+            key: op.key.as_str().to_owned(),
+            action_type: op.action_type.clone(),
+            status: op.status.as_str().to_owned(),
+            terminal: op.status.is_terminal(),
+            attempt: op.attempt_count,
+            result: op.result_json.clone(),
+            provider_operation_id: op.provider_operation_id.clone(),
+            error_code: op.last_error_code.clone(),
+        }
+    }
+}
+
+/// What submitting did.
+#[derive(Debug, Clone)]
+pub enum Submitted {
+    /// Recorded and published: it will run once.
+    Enqueued {
+        /// The key.
+        key: String,
+    },
+    /// The same action was requested before: where it stands (nothing new happens).
+    Duplicate {
+        /// The operation.
+        view: ActionView,
+    },
+    /// The same identity with another payload: refused, nothing executed.
+    Conflict {
+        /// The key.
+        key: String,
+    },
+}
+
+/// A configured action type, as callers see it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ActionTypeInfo {
+    /// `email.send`.
+    pub name: String,
+    /// The MCP tool name (`email_send`).
+    pub tool: String,
+    /// What it does.
+    pub description: String,
+    /// The JSON Schema of its payload.
+    pub payload_schema: Value,
+}
+
+/// A refusal or failure, with the HTTP status and a stable code.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// Stable code (`schema_violation`, `conflict`, `database_unavailable`, …).
+    pub code: &'static str,
+    /// For people.
+    pub message: String,
+    /// JSON Pointer of the offending field of the request body, when one is to blame.
+    pub field: Option<String>,
+    /// The key concerned, when there is one (conflicts, recorded-but-not-published).
+    pub key: Option<String>,
+    /// Seconds, for 503.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    /// An error without field or key.
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            field: None,
+            key: None,
+            retry_after: None,
+        }
+    }
+
+    fn at(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    fn with_key(mut self, key: &str) -> Self {
+        self.key = Some(key.to_owned());
+        self
+    }
+
+    fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            retry_after: Some(RETRY_AFTER_SECS),
+            ..Self::new(503, code, message)
+        }
+    }
+
+    fn not_found() -> Self {
+        Self::new(404, "not_found", "no such operation")
+    }
+}
+
+fn journal_error(e: JournalError) -> ApiError {
+    if e.is_retryable() {
+        tracing::warn!(error = %e, "journal unavailable");
+        ApiError::unavailable(
+            "database_unavailable",
+            "Postgres is unavailable; nothing was recorded — retry later (retrying is safe)",
+        )
+    } else {
+        tracing::error!(error = %e, "journal statement failed");
+        ApiError::new(
+            500,
+            "internal",
+            "the journal refused the statement (see the gateway's log)",
+        )
+    }
+}
+
+/// The gateway's state: config, tokens, the producer (reconnected when RabbitMQ drops).
+#[derive(Debug)]
+pub struct Service {
+    me: Weak<Self>,
+    config: Arc<Config>,
+    secret: KeySecret,
+    tokens: Tokens,
+    schemas: PayloadSchemas,
+    producer: RwLock<Arc<Producer>>,
+    reconnecting: AtomicBool,
+    /// Longest `wait` accepted.
+    pub max_wait: Duration,
+}
+
+impl Service {
+    /// Connect the producer and build the service.
+    pub async fn connect(
+        config: Config,
+        secret: KeySecret,
+        tokens: Tokens,
+    ) -> anyhow::Result<Arc<Self>> {
+        let schemas = PayloadSchemas::from_config(&config).map_err(anyhow::Error::msg)?;
+        let producer = Producer::connect(&config, secret.clone()).await?;
+        // Start the outcomes consumer now, so the first wait does not pay for it.
+        producer.watcher().await?;
+        let service = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            config: Arc::new(config),
+            secret,
+            tokens,
+            schemas,
+            producer: RwLock::new(Arc::new(producer)),
+            reconnecting: AtomicBool::new(false),
+            max_wait: MAX_WAIT,
+        });
+        Self::monitor(Arc::downgrade(&service));
+        Ok(service)
+    }
+
+    /// The caller a bearer token belongs to (`None`: refuse with 401).
+    pub fn authenticate(&self, bearer_token: &str) -> Option<Caller> {
+        self.tokens.authenticate(bearer_token)
+    }
+
+    /// The config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The current producer.
+    pub async fn producer(&self) -> Arc<Producer> {
+        self.producer.read().await.clone()
+    }
+
+    /// The action types `caller` may enqueue.
+    pub fn action_types(&self, caller: &Caller) -> Vec<ActionTypeInfo> {
+        self.config
+            .actions
+            .iter()
+            .filter(|(name, _)| caller.may(name))
+            .map(|(name, p)| ActionTypeInfo {
+                name: name.clone(),
+                tool: tool_name(name),
+                description: p.description.clone().unwrap_or_else(|| {
+                    format!(
+                        "Run the action `{name}` exactly once (provider `{}`).",
+                        p.provider
+                    )
+                }),
+                payload_schema: p.payload_schema.clone().unwrap_or_else(schema::any_object),
+            })
+            .collect()
+    }
+
+    /// Submit from typed fields (MCP).
+    pub async fn submit(
+        &self,
+        caller: &Caller,
+        action_type: &str,
+        req: ActionRequest,
+        client_key: Option<&str>,
+    ) -> Result<Submitted, ApiError> {
+        let mut body = Map::new();
+        body.insert("workflow_id".into(), Value::String(req.workflow_id));
+        body.insert("step".into(), Value::String(req.step));
+        body.insert("business_object".into(), Value::String(req.business_object));
+        body.insert("revision".into(), Value::from(req.revision));
+        body.insert("payload".into(), req.payload);
+        self.submit_json(caller, action_type, body, client_key)
+            .await
+    }
+
+    /// Submit an HTTP body: `{workflow_id, step, business_object, revision, payload}`.
+    pub async fn submit_json(
+        &self,
+        caller: &Caller,
+        action_type: &str,
+        mut body: Map<String, Value>,
+        client_key: Option<&str>,
+    ) -> Result<Submitted, ApiError> {
+        if !self.config.actions.contains_key(action_type) {
+            return Err(ApiError::new(
+                404,
+                "unknown_action_type",
+                format!(
+                    "no action type {action_type:?} is configured (GET /v1/action-types lists them)"
+                ),
+            ));
+        }
+        if !caller.may(action_type) {
+            return Err(ApiError::new(
+                403,
+                "forbidden_action_type",
+                format!("this token may not enqueue {action_type:?}"),
+            ));
+        }
+        for reserved in ["tenant", "action_type"] {
+            if body.contains_key(reserved) {
+                let why = if reserved == "tenant" {
+                    "the tenant comes from the token"
+                } else {
+                    "the action type comes from the path"
+                };
+                return Err(ApiError::new(
+                    400,
+                    "invalid_request",
+                    format!("field `{reserved}` is not allowed: {why}"),
+                )
+                .at(format!("/{reserved}")));
+            }
+        }
+        body.insert("action_type".into(), Value::String(action_type.to_owned()));
+        body.insert("tenant".into(), Value::String(caller.tenant.clone()));
+        let intent = Intent::from_json(Value::Object(body)).map_err(invalid_intent)?;
+        if let Err(v) = self.schemas.check(action_type, &intent.payload) {
+            return Err(ApiError::new(400, "schema_violation", v.message).at(v.path));
+        }
+        let envelope = intent.clone().seal(&self.secret).map_err(invalid_intent)?;
+        let key = envelope.key.as_str().to_owned();
+        let pool = self.producer().await.journal().pool().clone();
+        let owner = match client_key {
+            None => false,
+            Some(ck) => {
+                let fp = client_keys::fingerprint(&key, envelope.payload_hash.as_str());
+                match client_keys::begin(&pool, &caller.tenant, ck, &fp)
+                    .await
+                    .map_err(|e| journal_error(e.into()))?
+                {
+                    Begin::Proceed { owner } => owner,
+                    Begin::InProgress => {
+                        return Err(ApiError::new(
+                            409,
+                            "request_in_progress",
+                            "a request with this Idempotency-Key is still being recorded; retry shortly",
+                        ));
+                    }
+                    Begin::Reused => {
+                        return Err(ApiError::new(
+                            422,
+                            "idempotency_key_reused",
+                            "this Idempotency-Key was used for a different request",
+                        ));
+                    }
+                }
+            }
+        };
+        let result = self.enqueue(intent, &key).await;
+        if let Some(ck) = client_key.filter(|_| owner) {
+            let done = match &result {
+                Err(e) if e.code == "database_unavailable" || e.code == "internal" => {
+                    client_keys::abort(&pool, &caller.tenant, ck).await
+                }
+                _ => client_keys::finish(&pool, &caller.tenant, ck, &key).await,
+            };
+            if let Err(e) = done {
+                // Left `recording`: the same request takes it over after ABANDONED_AFTER.
+                tracing::warn!(error = %e, "could not settle the Idempotency-Key row");
+            }
+        }
+        result
+    }
+
+    /// Record and publish; map the producer's answer.
+    async fn enqueue(&self, intent: Intent, key: &str) -> Result<Submitted, ApiError> {
+        let producer = self.producer().await;
+        match producer.enqueue(intent).await {
+            Ok(Enqueued::Enqueued { key }) => Ok(Submitted::Enqueued {
+                key: key.as_str().to_owned(),
+            }),
+            Ok(Enqueued::Duplicate { key, .. }) => {
+                let op = producer.journal().get(&key).await.map_err(journal_error)?;
+                // A purge between the two reads: the key is forgotten; report it as planned.
+                let view = op
+                    .as_ref()
+                    .map(ActionView::of)
+                    .unwrap_or_else(|| ActionView {
+                        key: key.as_str().to_owned(),
+                        action_type: String::new(),
+                        status: Status::Planned.as_str().to_owned(),
+                        terminal: false,
+                        attempt: 0,
+                        result: None,
+                        provider_operation_id: None,
+                        error_code: None,
+                    });
+                Ok(Submitted::Duplicate { view })
+            }
+            Ok(Enqueued::Conflict { key, .. }) => Ok(Submitted::Conflict {
+                key: key.as_str().to_owned(),
+            }),
+            Err(ProducerError::Publish(e)) => {
+                tracing::warn!(%key, error = %e, "recorded, not published; the sweeper republishes it");
+                self.reconnect_soon(producer);
+                Err(ApiError::unavailable("broker_unavailable", "RabbitMQ is unavailable: the action is recorded and will be published when it is back (retrying is safe and reports it)").with_key(key))
+            }
+            Err(ProducerError::Journal(e)) => Err(journal_error(e)),
+            Err(ProducerError::Invalid(e)) => Err(invalid_intent(e)),
+            Err(ProducerError::Connect(e)) => {
+                tracing::warn!(error = %e, "producer unavailable");
+                Err(ApiError::unavailable(
+                    "unavailable",
+                    "the gateway cannot reach Postgres or RabbitMQ; retry later",
+                ))
+            }
+        }
+    }
+
+    /// Replace a producer whose RabbitMQ connection dropped (once; in the background).
+    fn reconnect_soon(&self, broken: Arc<Producer>) {
+        if broken.broker_connected() || self.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!("RabbitMQ connection lost; reconnecting");
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(200);
+            loop {
+                let Some(this) = me.upgrade() else { return };
+                match Producer::connect(&this.config, this.secret.clone()).await {
+                    Ok(p) => {
+                        if let Err(e) = p.watcher().await {
+                            tracing::warn!(error = %e, "reconnected, but cannot watch outcomes yet");
+                        }
+                        *this.producer.write().await = Arc::new(p);
+                        this.reconnecting.store(false, Ordering::Release);
+                        tracing::info!("reconnected to RabbitMQ and Postgres");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "reconnect failed"),
+                }
+                drop(this);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        });
+    }
+
+    /// Watch the RabbitMQ connection and replace the producer when it drops.
+    fn monitor(me: Weak<Self>) {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let Some(this) = me.upgrade() else { return };
+                let p = this.producer().await;
+                this.reconnect_soon(p);
+            }
+        });
+    }
+
+    /// Status of a key the caller's tenant owns (404 otherwise).
+    pub async fn status(&self, caller: &Caller, key: &str) -> Result<ActionView, ApiError> {
+        let key = IdempotencyKey::parse(key).map_err(|_| ApiError::not_found())?;
+        let op = self
+            .producer()
+            .await
+            .journal()
+            .get(&key)
+            .await
+            .map_err(journal_error)?;
+        owned(caller, op).map(|op| ActionView::of(&op))
+    }
+
+    /// Wait until terminal or `timeout` (at most [`MAX_WAIT`]); the state then.
+    pub async fn wait(
+        &self,
+        caller: &Caller,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<ActionView, ApiError> {
+        let view = self.status(caller, key).await?;
+        if view.terminal {
+            return Ok(view);
+        }
+        let key = IdempotencyKey::parse(key).map_err(|_| ApiError::not_found())?;
+        let producer = self.producer().await;
+        let watcher = producer.watcher().await.map_err(|_| {
+            ApiError::unavailable(
+                "broker_unavailable",
+                "cannot watch outcomes: RabbitMQ is unavailable",
+            )
+        })?;
+        let op = watcher
+            .wait(producer.journal(), &key, timeout.min(self.max_wait))
+            .await
+            .map_err(journal_error)?;
+        owned(caller, op).map(|op| ActionView::of(&op))
+    }
+
+    /// Readiness: Postgres answers and RabbitMQ is connected.
+    pub async fn ready(&self) -> Result<(), String> {
+        let producer = self.producer().await;
+        sqlx::query("SELECT 1")
+            .execute(producer.journal().pool())
+            .await
+            .map_err(|e| format!("postgres: {e}"))?;
+        if !producer.broker_connected() {
+            return Err("rabbitmq: not connected".into());
+        }
+        Ok(())
+    }
+}
+
+/// The row, if it belongs to the caller's tenant.
+fn owned(caller: &Caller, op: Option<Operation>) -> Result<Operation, ApiError> {
+    match op {
+        Some(op) if op.tenant.as_deref() == Some(caller.tenant.as_str()) => Ok(op),
+        _ => Err(ApiError::not_found()),
+    }
+}
+
+/// `email.send` → `email_send`.
+pub fn tool_name(action_type: &str) -> String {
+    action_type.replace('.', "_")
+}
+
+/// A refused intent → 400 naming the field.
+fn invalid_intent(e: EnvelopeError) -> ApiError {
+    use oncely_core::identity::IdentityError as I;
+    let field = match &e {
+        EnvelopeError::UnknownField(f) => Some(f.to_string()),
+        EnvelopeError::Field { field, .. } => Some((*field).to_owned()),
+        EnvelopeError::Identity(
+            I::Missing(f)
+            | I::WrongType { field: f, .. }
+            | I::Float { field: f, .. }
+            | I::Length { field: f, .. },
+        ) => Some((*f).to_owned()),
+        EnvelopeError::Key(_) => Some("payload".to_owned()),
+        _ => None,
+    };
+    let err = ApiError::new(400, "invalid_request", e.to_string());
+    match field {
+        Some(f) => err.at(format!("/{f}")),
+        None => err,
+    }
+}

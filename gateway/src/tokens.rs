@@ -1,0 +1,223 @@
+//! Bearer tokens: who is calling, for which tenant, allowed which action types.
+//!
+//! The file (`--tokens-file`, TOML) holds only SHA-256 hashes of the tokens:
+//!
+//! ```toml
+//! [[token]]
+//! id = "billing-agent"                 # for logs and metrics; never the token
+//! tenant = "acme"                      # part of every key this token creates
+//! sha256 = "9f86d08…"                  # `oncely-gateway token hash` prints it
+//! actions = ["payment_order.create"]   # optional; absent = every configured type
+//! ```
+//!
+//! A presented token is hashed and compared with *every* entry in constant time (no early
+//! exit, no map lookup keyed by the secret), so the answer's timing says nothing about
+//! how much of a hash matched.
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// Who is calling (from a valid token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The tenant: part of the business identity of everything this caller enqueues.
+    pub tenant: String,
+    /// The token's id (for logs; never the token).
+    pub token_id: String,
+    /// The action types this token may enqueue; `None` = all configured ones.
+    pub allowed: Option<BTreeSet<String>>,
+}
+
+impl Caller {
+    /// Whether this caller may enqueue `action_type`.
+    pub fn may(&self, action_type: &str) -> bool {
+        self.allowed
+            .as_ref()
+            .is_none_or(|a| a.contains(action_type))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    token: Vec<Entry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    id: String,
+    tenant: String,
+    sha256: String,
+    #[serde(default)]
+    actions: Option<Vec<String>>,
+}
+
+/// The loaded tokens.
+#[derive(Debug, Default)]
+pub struct Tokens {
+    entries: Vec<([u8; 32], Caller)>,
+}
+
+/// Why the tokens file was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("tokens file {path}: {problem}")]
+pub struct TokensError {
+    path: String,
+    problem: String,
+}
+
+/// The SHA-256 of a token, as the file stores it (hex).
+pub fn hash_hex(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+impl Tokens {
+    /// Load and check a tokens file; every action type named must be in `known`.
+    pub fn load(path: &Path, known: &BTreeSet<String>) -> Result<Self, TokensError> {
+        let err = |problem: String| TokensError {
+            path: path.display().to_string(),
+            problem,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        Self::parse(&text, known).map_err(err)
+    }
+
+    /// Parse a tokens file's text.
+    pub fn parse(text: &str, known: &BTreeSet<String>) -> Result<Self, String> {
+        let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        if file.token.is_empty() {
+            return Err("no [[token]] entries: nobody could call the gateway".into());
+        }
+        let mut ids = BTreeSet::new();
+        let mut entries = Vec::new();
+        for (i, e) in file.token.into_iter().enumerate() {
+            let at = format!("token[{i}] ({:?})", e.id);
+            if e.id.is_empty() || !ids.insert(e.id.clone()) {
+                return Err(format!("{at}: id must be non-empty and unique"));
+            }
+            if e.tenant.is_empty() || e.tenant.len() > 256 {
+                return Err(format!("{at}: tenant must be 1..=256 characters"));
+            }
+            let mut hash = [0u8; 32];
+            hex::decode_to_slice(e.sha256.trim(), &mut hash).map_err(|_| {
+                format!(
+                    "{at}: sha256 must be 64 hex digits (`oncely-gateway token hash` prints it)"
+                )
+            })?;
+            let allowed = match e.actions {
+                None => None,
+                Some(list) => {
+                    if let Some(unknown) = list.iter().find(|a| !known.contains(*a)) {
+                        return Err(format!(
+                            "{at}: action type {unknown:?} is not configured (known: {})",
+                            known.iter().cloned().collect::<Vec<_>>().join(", ")
+                        ));
+                    }
+                    Some(list.into_iter().collect())
+                }
+            };
+            entries.push((
+                hash,
+                Caller {
+                    tenant: e.tenant,
+                    token_id: e.id,
+                    allowed,
+                },
+            ));
+        }
+        Ok(Self { entries })
+    }
+
+    /// The caller a bearer token belongs to; `None` for an unknown token.
+    pub fn authenticate(&self, token: &str) -> Option<Caller> {
+        let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut found = None;
+        for (hash, caller) in &self.entries {
+            // Every entry is compared, whatever matched before.
+            if constant_time_eq(hash, &presented) && found.is_none() {
+                found = Some(caller);
+            }
+        }
+        found.cloned()
+    }
+}
+
+/// Compare two hashes without a data-dependent branch or early exit.
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// A new random token (32 bytes from the OS, hex): for `oncely-gateway token new`.
+pub fn generate() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(format!("onc_{}", hex::encode(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known() -> BTreeSet<String> {
+        ["email.send", "ticket.create"].map(String::from).into()
+    }
+
+    fn file() -> String {
+        format!(
+            "[[token]]\nid = \"a\"\ntenant = \"acme\"\nsha256 = \"{}\"\n\n[[token]]\nid = \"b\"\ntenant = \"globex\"\nsha256 = \"{}\"\nactions = [\"ticket.create\"]\n",
+            hash_hex("token-a"),
+            hash_hex("token-b")
+        )
+    }
+
+    #[test]
+    fn a_token_maps_to_its_tenant_and_actions() {
+        let t = Tokens::parse(&file(), &known()).expect("parse");
+        let a = t.authenticate("token-a").expect("a");
+        assert_eq!((a.tenant.as_str(), a.token_id.as_str()), ("acme", "a"));
+        assert!(a.may("email.send"));
+        let b = t.authenticate("token-b").expect("b");
+        assert_eq!(b.tenant, "globex");
+        assert!(b.may("ticket.create") && !b.may("email.send"));
+        assert_eq!(t.authenticate("token-c"), None);
+        assert_eq!(t.authenticate(""), None);
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_entry_named() {
+        let e = Tokens::parse("", &known()).expect_err("empty");
+        assert!(e.contains("no [[token]]"), "{e}");
+        let bad_hash = "[[token]]\nid = \"a\"\ntenant = \"t\"\nsha256 = \"xyz\"\n";
+        let e = Tokens::parse(bad_hash, &known()).expect_err("hash");
+        assert!(e.contains("token[0]") && e.contains("64 hex"), "{e}");
+        let unknown = format!(
+            "[[token]]\nid = \"a\"\ntenant = \"t\"\nsha256 = \"{}\"\nactions = [\"nope.x\"]\n",
+            hash_hex("x")
+        );
+        let e = Tokens::parse(&unknown, &known()).expect_err("action");
+        assert!(e.contains("\"nope.x\" is not configured"), "{e}");
+        let dup = format!(
+            "{}{}",
+            file(),
+            file().replace("tenant = \"acme\"", "tenant = \"x\"")
+        );
+        assert!(
+            Tokens::parse(&dup, &known())
+                .expect_err("dup")
+                .contains("unique")
+        );
+    }
+
+    #[test]
+    fn generated_tokens_differ() {
+        let (a, b) = (generate().expect("a"), generate().expect("b"));
+        assert_ne!(a, b);
+        assert!(a.starts_with("onc_") && a.len() == 68);
+    }
+}

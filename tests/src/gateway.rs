@@ -1,0 +1,264 @@
+//! A real `oncely-gateway` process for a [`Fleet`], and a small HTTP client for it.
+
+use crate::fleet::{Fleet, Proc, binary};
+use crate::{eventually, free_port, http_get};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use serde_json::Value;
+use std::time::Duration;
+
+/// One token of the tokens file.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenSpec {
+    /// The token (the tests know it; the file holds its hash).
+    pub token: &'static str,
+    /// Its tenant.
+    pub tenant: &'static str,
+    /// Allowed action types (`None`: all).
+    pub actions: Option<&'static [&'static str]>,
+}
+
+/// Tenant `acme` with every action type.
+pub const TOKEN_A: TokenSpec = TokenSpec {
+    token: "token-acme",
+    tenant: "acme",
+    actions: None,
+};
+/// Tenant `globex` with every action type.
+pub const TOKEN_B: TokenSpec = TokenSpec {
+    token: "token-globex",
+    tenant: "globex",
+    actions: None,
+};
+/// Tenant `acme`, `ticket.create` only.
+pub const TOKEN_LIMITED: TokenSpec = TokenSpec {
+    token: "token-acme-tickets",
+    tenant: "acme",
+    actions: Some(&["ticket.create"]),
+};
+
+/// The payload schema the gateway tests declare for `email.send`.
+pub fn email_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "required": ["to", "subject"],
+        "properties": {
+            "to": {"type": "string", "minLength": 3},
+            "subject": {"type": "string"},
+            "body": {"type": "string"}
+        }
+    })
+}
+
+/// A config hook: declare [`email_schema`] for `email.send`.
+pub fn with_email_schema(config: &mut oncely_core::config::Config) {
+    if let Some(p) = config.actions.get_mut("email.send") {
+        p.payload_schema = Some(email_schema());
+        p.description = Some("Send one email.".into());
+    }
+}
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The process.
+    pub proc: Proc,
+    /// The API port.
+    pub port: u16,
+    /// The ops port.
+    pub ops_port: u16,
+    /// The tokens file.
+    pub tokens_file: std::path::PathBuf,
+}
+
+impl Gateway {
+    /// Start a gateway for `fleet` with `tokens`; returns once `/readyz` says ready.
+    pub async fn start(fleet: &Fleet, tokens: &[TokenSpec]) -> Gateway {
+        Self::start_with_env(fleet, tokens, &[]).await
+    }
+
+    /// [`Gateway::start`] with extra environment (e.g. `DATABASE_URL` through a proxy).
+    pub async fn start_with_env(
+        fleet: &Fleet,
+        tokens: &[TokenSpec],
+        env: &[(&str, &str)],
+    ) -> Gateway {
+        let tokens_file = write_tokens(fleet, tokens);
+        let (port, ops_port) = (free_port(), free_port());
+        let (listen, ops) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{ops_port}"));
+        let file = tokens_file.to_string_lossy().into_owned();
+        let proc = fleet.spawn_program(
+            &binary("oncely-gateway"),
+            &[
+                "serve",
+                "--listen",
+                &listen,
+                "--ops-listen",
+                &ops,
+                "--tokens-file",
+                &file,
+                "--max-body-bytes",
+                "65536",
+            ],
+            env,
+        );
+        let gw = Gateway {
+            proc,
+            port,
+            ops_port,
+            tokens_file,
+        };
+        eventually("the gateway is ready", Duration::from_secs(30), || async {
+            http_get(ops_port, "/readyz").await.map(|_| ())
+        })
+        .await;
+        gw
+    }
+
+    /// A client with one keep-alive connection, sending `token`.
+    pub async fn client(&self, token: &str) -> Client {
+        Client::connect(self.port, Some(token)).await
+    }
+}
+
+/// Write a tokens file for `tokens` into the fleet's directory.
+pub fn write_tokens(fleet: &Fleet, tokens: &[TokenSpec]) -> std::path::PathBuf {
+    let mut text = String::new();
+    for (i, t) in tokens.iter().enumerate() {
+        text.push_str(&format!(
+            "[[token]]\nid = \"t{i}\"\ntenant = \"{}\"\nsha256 = \"{}\"\n",
+            t.tenant,
+            oncely_gateway::tokens::hash_hex(t.token)
+        ));
+        if let Some(a) = t.actions {
+            text.push_str(&format!("actions = {a:?}\n"));
+        }
+        text.push('\n');
+    }
+    let path = fleet.dir.join("tokens.toml");
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+    path
+}
+
+/// An answer.
+#[derive(Debug)]
+pub struct Resp {
+    /// Status.
+    pub status: u16,
+    /// Headers.
+    pub headers: hyper::HeaderMap,
+    /// Body as JSON (`Null` when not JSON).
+    pub body: Value,
+}
+
+impl Resp {
+    /// The error code of an error answer.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+}
+
+/// An HTTP/1.1 client on one connection.
+#[derive(Debug)]
+pub struct Client {
+    port: u16,
+    token: Option<String>,
+    sender: SendRequest<Full<Bytes>>,
+}
+
+impl Client {
+    /// Connect to `127.0.0.1:port`.
+    pub async fn connect(port: u16, token: Option<&str>) -> Client {
+        let sender = handshake(port).await;
+        Client {
+            port,
+            token: token.map(str::to_owned),
+            sender,
+        }
+    }
+
+    /// `POST /v1/actions/{action}` with a JSON body.
+    pub async fn submit(&mut self, action: &str, body: &Value) -> Resp {
+        self.request(
+            "POST",
+            &format!("/v1/actions/{action}"),
+            &[],
+            body.to_string().into_bytes(),
+        )
+        .await
+    }
+
+    /// `GET path`.
+    pub async fn get(&mut self, path: &str) -> Resp {
+        self.request("GET", path, &[], Vec::new()).await
+    }
+
+    /// `GET /v1/actions/{key}` (with `?wait=…` when given).
+    pub async fn action(&mut self, key: &str, wait: Option<&str>) -> Resp {
+        let k = key.replace(':', "%3A");
+        let path = match wait {
+            Some(w) => format!("/v1/actions/{k}?wait={w}"),
+            None => format!("/v1/actions/{k}"),
+        };
+        self.get(&path).await
+    }
+
+    /// Any request.
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Resp {
+        if self.sender.ready().await.is_err() {
+            self.sender = handshake(self.port).await;
+        }
+        let mut b = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", format!("127.0.0.1:{}", self.port))
+            .header("content-type", "application/json");
+        if let Some(t) = &self.token {
+            b = b.header("authorization", format!("Bearer {t}"));
+        }
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let req = b
+            .body(Full::new(Bytes::from(body)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let res = self
+            .sender
+            .send_request(req)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let bytes = res
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Resp {
+            status,
+            headers,
+            body,
+        }
+    }
+}
+
+async fn handshake(port: u16) -> SendRequest<Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap_or_else(|e| panic!("connect {port}: {e}"));
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap_or_else(|e| panic!("handshake: {e}"));
+    tokio::spawn(conn);
+    sender
+}
