@@ -404,3 +404,129 @@ async fn the_worker_refuses_a_payload_that_breaks_the_schema() {
     assert_eq!(op.last_error_code.as_deref(), Some("payload_schema"));
     assert_eq!(fleet.sandbox.effects().total, 0, "nothing was sent");
 }
+
+/// Postgres unreachable from the gateway: 503 + Retry-After and nothing recorded; once it
+/// is back, the retried request is new and runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_answers_503_and_recovers_without_loss() {
+    let fleet = fleet().await;
+    let _worker = fleet.worker();
+    let proxy = oncely_tests::proxy::Proxy::start(5432).await;
+    let url = fleet.db.url.replace(":5432/", &format!(":{}/", proxy.port));
+    assert_ne!(url, fleet.db.url, "the test database is on port 5432");
+    let gw = Gateway::start_with_env(&fleet, &[TOKEN_A], &[("DATABASE_URL", &url)]).await;
+    let mut a = gw.client(TOKEN_A.token).await;
+    assert_eq!(
+        a.submit("ticket.create", &body(1, "ticket.create"))
+            .await
+            .status,
+        202
+    );
+
+    proxy.cut();
+    let r = a.submit("ticket.create", &body(2, "ticket.create")).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "database_unavailable"),
+        "{}",
+        r.body
+    );
+    assert!(r.headers.get("retry-after").is_some());
+    assert!(
+        oncely_tests::http_get(gw.ops_port, "/readyz")
+            .await
+            .is_none(),
+        "not ready"
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_operations")
+        .fetch_one(&fleet.db.pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 1, "nothing half-written");
+
+    proxy.restore();
+    let port = gw.port;
+    let key = eventually("the retried request is accepted", DEADLINE, || async move {
+        let mut a = Client::connect(port, Some(TOKEN_A.token)).await;
+        let r = a.submit("ticket.create", &body(2, "ticket.create")).await;
+        (r.status == 202)
+            .then(|| r.body["key"].as_str().map(str::to_owned))
+            .flatten()
+    })
+    .await;
+    let w = a.action(&key, Some("30s")).await;
+    assert_eq!(w.body["status"].as_str(), Some("succeeded"), "{}", w.body);
+    eventually("both ran", DEADLINE, || async {
+        (fleet.count("succeeded").await == 2).then_some(())
+    })
+    .await;
+    assert_eq!(fleet.sandbox.effects().total, 2);
+    assert_eq!(fleet.sandbox.effects().count(&key), 1);
+}
+
+/// RabbitMQ down: the action is recorded (`planned`) and the answer is 503 with its key;
+/// after the broker is back the sweeper publishes it, it runs once, and a retry reports
+/// it as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_down_keeps_the_recorded_action_and_runs_it_once_after() {
+    let broker = oncely_tests::private_broker::PrivateBroker::start().await;
+    let fleet = Fleet::with(FleetOptions {
+        amqp_url: Some(broker.url()),
+        reconciler: Some(oncely_tests::fleet::FAST_RECONCILER),
+        configure: Some(with_email_schema),
+        ..FleetOptions::default()
+    })
+    .await;
+    let _worker = fleet.worker();
+    let _reconciler = fleet.reconciler();
+    let gw = Gateway::start(&fleet, &[TOKEN_A]).await;
+    let mut a = gw.client(TOKEN_A.token).await;
+    assert_eq!(
+        a.submit("email.send", &body(1, "email.send")).await.status,
+        202
+    );
+
+    broker.stop().await;
+    let r = a.submit("email.send", &body(2, "email.send")).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "broker_unavailable"),
+        "{}",
+        r.body
+    );
+    assert!(r.headers.get("retry-after").is_some());
+    let key = r.body["error"]["key"].as_str().expect("key").to_owned();
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM agent_operations WHERE idempotency_key = $1")
+            .bind(&key)
+            .fetch_one(&fleet.db.pool)
+            .await
+            .expect("the row exists");
+    assert_eq!(status, "planned");
+
+    broker.boot().await;
+    eventually("the gateway is ready again", DEADLINE, || async {
+        oncely_tests::http_get(gw.ops_port, "/readyz")
+            .await
+            .map(|_| ())
+    })
+    .await;
+    let port = gw.port;
+    let w = eventually("it ran", DEADLINE, || {
+        let key = key.clone();
+        async move {
+            let mut a = Client::connect(port, Some(TOKEN_A.token)).await;
+            let w = a.action(&key, Some("5s")).await;
+            (w.body["status"].as_str() == Some("succeeded")).then_some(w)
+        }
+    })
+    .await;
+    assert!(w.body["result"].is_object());
+    let d = a.submit("email.send", &body(2, "email.send")).await;
+    assert_eq!(
+        (d.status, d.body["status"].as_str()),
+        (200, Some("succeeded"))
+    );
+    assert_eq!(fleet.sandbox.effects().count(&key), 1, "one effect");
+    assert_eq!(fleet.sandbox.effects().total, 2);
+}
