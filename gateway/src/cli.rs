@@ -74,6 +74,10 @@ pub struct ServeArgs {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// A `Host` name /mcp accepts besides loopback (repeat; e.g. the gateway's public
+    /// name). Others are refused with 403 (DNS-rebinding protection of the MCP SDK).
+    #[arg(long = "mcp-allowed-host")]
+    pub mcp_allowed_hosts: Vec<String>,
     /// How long a client's Idempotency-Key header value is remembered.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub client_key_ttl: Duration,
@@ -82,7 +86,8 @@ pub struct ServeArgs {
 /// `token` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
-    /// Generate a token; print it (give it to the agent) and its tokens-file entry.
+    /// Generate a token: print it on stdout (give it to the agent) and its tokens-file
+    /// entry on stderr (`2>>tokens.toml` appends it).
     New {
         /// The entry's id (for logs).
         #[arg(long)]
@@ -117,9 +122,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             actions,
         }) => {
             let token = tokens::generate()?;
-            eprintln!("token (give it to the agent; it is not stored anywhere):");
+            // stdout: the token alone; stderr: the tokens-file entry, whose other lines are
+            // TOML comments, so `2>>tokens.toml` appends a valid entry.
             println!("{token}");
-            eprintln!("\nentry for the tokens file:");
+            eprintln!("# token {id:?}: the token was printed on stdout; give it to the agent (it is not stored)");
             let mut entry = format!(
                 "[[token]]\nid = {id:?}\ntenant = {tenant:?}\nsha256 = \"{}\"\n",
                 tokens::hash_hex(&token)
@@ -189,7 +195,7 @@ async fn serve(config_path: Option<PathBuf>, args: ServeArgs) -> anyhow::Result<
             tracing::error!(error = %e, "ops listener stopped");
         }
     });
-    axum::serve(api, crate::http::api(service, args.max_body_bytes))
+    axum::serve(api, crate::http::api(service, args.max_body_bytes, &args.mcp_allowed_hosts))
         .with_graceful_shutdown(shutdown())
         .await?;
     Ok(0)

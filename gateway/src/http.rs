@@ -176,8 +176,9 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The `/v1` API, `/openapi.json` and the MCP endpoint (`/mcp`).
-pub fn api(service: AppState, max_body_bytes: usize) -> axum::Router {
+/// The `/v1` API, `/openapi.json` and the MCP endpoint (`/mcp`). `mcp_hosts`: the `Host`
+/// names `/mcp` accepts besides loopback (rmcp refuses others: DNS rebinding).
+pub fn api(service: AppState, max_body_bytes: usize, mcp_hosts: &[String]) -> axum::Router {
     use axum::routing::get;
     // One parameter name per position (the router's rule): `{id}` is the action type for
     // POST and the key for GET; the document names them `{action_type}` and `{key}`.
@@ -190,8 +191,18 @@ pub fn api(service: AppState, max_body_bytes: usize) -> axum::Router {
         .route("/openapi.json", get(|| async { Json(openapi()) }))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(service.clone())
-        .merge(crate::mcp::router(service))
+        .merge(crate::mcp::router_with_config(service, mcp_config(mcp_hosts)))
         .layer(middleware::from_fn(count))
+}
+
+fn mcp_config(hosts: &[String]) -> rmcp::transport::StreamableHttpServerConfig {
+    let config = rmcp::transport::StreamableHttpServerConfig::default();
+    if hosts.is_empty() {
+        return config;
+    }
+    let mut all: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).into();
+    all.extend(hosts.iter().cloned());
+    config.with_allowed_hosts(all)
 }
 
 /// The OpenAPI document (what `/openapi.json` serves).

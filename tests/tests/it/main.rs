@@ -8,6 +8,7 @@ mod gateway;
 mod https;
 mod journal;
 mod logs;
+mod mcp;
 mod pipeline;
 mod reconcile;
 mod resilience;
