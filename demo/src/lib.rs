@@ -19,6 +19,8 @@ use oncely_worker::shutdown::Shutdown;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
+pub mod front;
+
 /// Demo options.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
@@ -89,6 +91,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     config.broker.url = args.amqp_url.clone();
     config.broker.prefix = format!("oncely-demo-{run_id}");
     config.point_at_sandbox(&sandbox.base_url());
+    if let Some(email) = config.actions.get_mut("email.send") {
+        email.description = Some("Send one email to one recipient.".into());
+        email.payload_schema = Some(json!({"type": "object", "required": ["to", "subject"],
+            "properties": {"to": {"type": "string"}, "subject": {"type": "string"}}}));
+    }
     let pool = db::prepare(&db_url, &PoolSettings::default()).await?;
     let secret = KeySecret::new(format!("demo-secret-{run_id}").into_bytes())?;
 
@@ -148,6 +155,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             .await?;
     }
 
+    // The front door: half as many actions again, for another tenant, over HTTP through
+    // the gateway (no secret, no AMQP), and an MCP session calling one tool five times.
+    let gateway = front::start(&config, &secret).await?;
+    let front = front::run(gateway, distinct / 2, |action, n, variant| {
+        let i = intent(action, n, variant);
+        json!({"workflow_id": i.identity.workflow_id, "step": i.identity.step,
+               "business_object": i.identity.business_object, "revision": i.identity.revision,
+               "payload": i.payload})
+    })
+    .await?;
+    let expected = distinct + front.accepted + front.mcp_queued;
+
     // Wait for every operation to settle and the dead letters to arrive.
     let journal = Journal::new(pool.clone());
     let dead_queue = oncely_core::topology::Topology::new(&config.broker).dead_queue();
@@ -166,7 +185,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             )
             .await?
             .message_count();
-        if (succeeded as usize >= distinct && dead as usize >= invalid.len())
+        if (succeeded as usize >= expected && dead as usize >= invalid.len())
             || Instant::now() > deadline
         {
             break (succeeded, dead);
@@ -186,7 +205,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!();
     println!(
         "  {:<44} {:>8}",
-        "intents submitted",
+        "intents submitted (SDK, raw AMQP)",
         results.len() + invalid.len()
     );
     println!("  {:<44} {:>8}", "enqueued (new operations)", enqueued);
@@ -202,6 +221,27 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  {:<44} {:>8}", "failed to enqueue", failed);
     println!(
         "  {:<44} {:>8}",
+        "gateway: HTTP requests (another tenant)", front.http_requests
+    );
+    println!("  {:<44} {:>8}", "gateway: 202 new", front.accepted);
+    println!(
+        "  {:<44} {:>8}",
+        "gateway: 200 replayed (repeats)", front.replayed
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "gateway: 422 conflicts refused", front.conflicts
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "MCP: email_send calls, same arguments", front.mcp_calls
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "MCP: calls that queued an action", front.mcp_queued
+    );
+    println!(
+        "  {:<44} {:>8}",
         "executed (succeeded in the journal)", succeeded
     );
     println!("  {:<44} {:>8}", "provider calls made", calls);
@@ -213,10 +253,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  {:<44} {:>8}", "keys with more than one effect", multi);
     println!("  {:<44} {:>8}", "max effects for one key", max_effects);
     println!();
+    let front_once = front.keys.iter().all(|k| effects.count(k) == 1);
     let ok = multi == 0
-        && succeeded as usize == distinct
-        && effects.keys.len() == distinct
-        && dead as usize == invalid.len();
+        && succeeded as usize == expected
+        && effects.keys.len() == expected
+        && dead as usize == invalid.len()
+        && front.other == 0
+        && front.mcp_queued == 1
+        && front_once;
     println!(
         "{} in {:.1}s",
         if ok {

@@ -125,7 +125,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             // stdout: the token alone; stderr: the tokens-file entry, whose other lines are
             // TOML comments, so `2>>tokens.toml` appends a valid entry.
             println!("{token}");
-            eprintln!("# token {id:?}: the token was printed on stdout; give it to the agent (it is not stored)");
+            eprintln!(
+                "# token {id:?}: the token was printed on stdout; give it to the agent (it is not stored)"
+            );
             let mut entry = format!(
                 "[[token]]\nid = {id:?}\ntenant = {tenant:?}\nsha256 = \"{}\"\n",
                 tokens::hash_hex(&token)
@@ -195,9 +197,12 @@ async fn serve(config_path: Option<PathBuf>, args: ServeArgs) -> anyhow::Result<
             tracing::error!(error = %e, "ops listener stopped");
         }
     });
-    axum::serve(api, crate::http::api(service, args.max_body_bytes, &args.mcp_allowed_hosts))
-        .with_graceful_shutdown(shutdown())
-        .await?;
+    axum::serve(
+        api,
+        crate::http::api(service, args.max_body_bytes, &args.mcp_allowed_hosts),
+    )
+    .with_graceful_shutdown(shutdown())
+    .await?;
     Ok(0)
 }
 

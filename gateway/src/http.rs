@@ -191,7 +191,10 @@ pub fn api(service: AppState, max_body_bytes: usize, mcp_hosts: &[String]) -> ax
         .route("/openapi.json", get(|| async { Json(openapi()) }))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(service.clone())
-        .merge(crate::mcp::router_with_config(service, mcp_config(mcp_hosts)))
+        .merge(crate::mcp::router_with_config(
+            service,
+            mcp_config(mcp_hosts),
+        ))
         .layer(middleware::from_fn(count))
 }
 
