@@ -10,6 +10,7 @@ mod journal;
 mod logs;
 mod mcp;
 mod pipeline;
+mod python_client;
 mod reconcile;
 mod resilience;
 mod runner;
