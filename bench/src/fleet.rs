@@ -45,6 +45,8 @@ pub struct FleetEnv {
     pub secret: String,
     /// The `oncely-worker` binary.
     pub worker_bin: PathBuf,
+    /// The `oncely-gateway` binary.
+    pub gateway_bin: PathBuf,
     /// Unique per bench invocation.
     pub run_id: String,
 }
@@ -58,7 +60,16 @@ pub struct FleetSpec {
     pub latency_ms: u64,
     /// Enqueue at this rate (intents/s) instead of as fast as possible.
     pub pace: Option<f64>,
+    /// Enqueue through an `oncely-gateway` process over HTTP (POST /v1/actions/…, one
+    /// request per intent on [`HTTP_CONNECTIONS`] keep-alive connections) instead of the
+    /// SDK; the gateway's CPU counts with the workers'.
+    pub gateway: bool,
 }
+
+/// Concurrent HTTP connections of a gateway run.
+pub const HTTP_CONNECTIONS: usize = 32;
+/// The bench's gateway token (tenant `bench`).
+const GATEWAY_TOKEN: &str = "bench-token";
 
 /// One run's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -95,6 +106,8 @@ pub struct FleetResult {
     pub peak_rss_mib: Vec<f64>,
     /// Provider calls the sandbox counted (= effects; no key had two).
     pub effects: u64,
+    /// Enqueued through the gateway (HTTP) rather than the SDK.
+    pub via_gateway: bool,
     /// Where the CPUs' time went.
     pub cpu: CpuUse,
 }
@@ -232,11 +245,21 @@ async fn measure(
     let secret = KeySecret::new(env.secret.clone().into_bytes())?;
     let producer = Arc::new(Producer::connect(&config, secret).await?);
     let intents = env.workload.intents(n);
+    let gateway = if spec.gateway {
+        let (addr, w) = start_gateway(env, &config_path, dir).await?;
+        res.workers.push(w);
+        Some(addr)
+    } else {
+        None
+    };
 
     let cpu = CpuSampler::start();
     let journal = Journal::new(pool.clone());
     let t0 = journal.clock().await?;
-    let mut enqueuing = Some(tokio::spawn(enqueue(producer.clone(), intents, spec.pace)));
+    let mut enqueuing = Some(match gateway {
+        None => tokio::spawn(enqueue(producer.clone(), intents, spec.pace)),
+        Some(addr) => tokio::spawn(enqueue_http(addr, intents)),
+    });
     let mut enqueue_seconds = None;
     let mut last = (0i64, Instant::now());
     loop {
@@ -330,8 +353,92 @@ async fn measure(
         claim_to_done_ms: [percentile(&to_done, 0.5), percentile(&to_done, 0.99)],
         peak_rss_mib,
         effects: effects.total,
+        via_gateway: spec.gateway,
         cpu,
     })
+}
+
+/// Start `oncely-gateway serve` for this run; its address once `/readyz` says ready.
+async fn start_gateway(
+    env: &FleetEnv,
+    config: &Path,
+    dir: &Path,
+) -> anyhow::Result<(std::net::SocketAddr, Worker)> {
+    use sha2::Digest;
+    let tokens = dir.join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nid = \"bench\"\ntenant = \"bench\"\nsha256 = \"{}\"\n",
+            hex::encode(sha2::Sha256::digest(GATEWAY_TOKEN.as_bytes()))
+        ),
+    )?;
+    let free = || -> anyhow::Result<std::net::SocketAddr> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+    };
+    let (api, ops) = (free()?, free()?);
+    let (api_s, ops_s, tokens_s) = (
+        api.to_string(),
+        ops.to_string(),
+        tokens.to_string_lossy().into_owned(),
+    );
+    let w = spawn_program(
+        env,
+        &env.gateway_bin,
+        config,
+        &dir.join("gateway.log"),
+        &[
+            "serve",
+            "--listen",
+            &api_s,
+            "--ops-listen",
+            &ops_s,
+            "--tokens-file",
+            &tokens_s,
+        ],
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(mut c) = oncely_sandbox::http::Conn::connect(ops, None).await
+            && c.get("/readyz").await.is_ok_and(|a| a.status == 200)
+        {
+            return Ok((api, w));
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("the gateway did not become ready:\n{}", tail(&w.log));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Enqueue every intent with its own HTTP request through the gateway, on
+/// [`HTTP_CONNECTIONS`] connections; returns the seconds it took.
+async fn enqueue_http(addr: std::net::SocketAddr, intents: Vec<Intent>) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let mut lanes: Vec<Vec<Intent>> = (0..HTTP_CONNECTIONS).map(|_| Vec::new()).collect();
+    for (i, intent) in intents.into_iter().enumerate() {
+        lanes[i % HTTP_CONNECTIONS].push(intent);
+    }
+    let mut tasks = Vec::new();
+    for lane in lanes {
+        tasks.push(tokio::spawn(async move {
+            let mut c = oncely_sandbox::http::Conn::connect(addr, Some(GATEWAY_TOKEN)).await?;
+            for i in lane {
+                let id = &i.identity;
+                let body = serde_json::json!({"workflow_id": id.workflow_id, "step": id.step,
+                    "business_object": id.business_object, "revision": id.revision, "payload": i.payload});
+                let a = c.post(&format!("/v1/actions/{}", id.action_type.as_str()), &body, &[]).await?;
+                if a.status != 202 {
+                    anyhow::bail!("gateway answered {} {}", a.status, a.json);
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(started.elapsed().as_secs_f64())
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -381,10 +488,27 @@ async fn enqueue(
 
 /// Start `oncely-worker --config FILE run`, its stderr in a log file.
 fn spawn(env: &FleetEnv, config: &Path, dir: &Path, i: usize) -> anyhow::Result<Worker> {
-    let log = dir.join(format!("worker-{i}.log"));
+    spawn_program(
+        env,
+        &env.worker_bin,
+        config,
+        &dir.join(format!("worker-{i}.log")),
+        &["run"],
+    )
+}
+
+/// Start `PROGRAM --config FILE ARGS…`, its stderr in `log`.
+fn spawn_program(
+    env: &FleetEnv,
+    program: &Path,
+    config: &Path,
+    log: &Path,
+    args: &[&str],
+) -> anyhow::Result<Worker> {
+    let log = log.to_path_buf();
     let file = std::fs::File::create(&log)?;
-    let mut cmd = Command::new(&env.worker_bin);
-    cmd.arg("--config").arg(config).arg("run");
+    let mut cmd = Command::new(program);
+    cmd.arg("--config").arg(config).args(args);
     // The config file says everything: no override from this shell may redirect a worker.
     for (k, _) in std::env::vars_os() {
         let name = k.to_string_lossy();
@@ -401,7 +525,7 @@ fn spawn(env: &FleetEnv, config: &Path, dir: &Path, i: usize) -> anyhow::Result<
         .stderr(file)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", env.worker_bin.display()))?;
+        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", program.display()))?;
     let pid = child.id().unwrap_or(0);
     sys::registry(|r| r.pids.push(pid));
     Ok(Worker { child, pid, log })

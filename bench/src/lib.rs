@@ -211,7 +211,14 @@ pub fn worker_binary() -> anyhow::Result<PathBuf> {
         );
         let status = std::process::Command::new(cargo)
             .args(["build", "--profile", &profile, "-p", "oncely-worker"])
-            .args(["--bin", "oncely-worker"])
+            .args([
+                "--bin",
+                "oncely-worker",
+                "-p",
+                "oncely-gateway",
+                "--bin",
+                "oncely-gateway",
+            ])
             .status()?;
         if !status.success() {
             anyhow::bail!("building oncely-worker failed");
@@ -237,6 +244,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let started = chrono::Utc::now();
     let machine = sys::Machine::read();
     let worker_bin = worker_binary()?;
+    let gateway_bin = worker_bin.with_file_name("oncely-gateway");
     let services = report::Services::probe(&args.database_url, &args.amqp_url).await?;
     let run_id = format!("{}_{}", std::process::id(), started.timestamp());
     let secret_text = format!("oncely-bench-secret-{run_id}");
@@ -266,7 +274,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             new
         })
         .collect();
-    let steps = 4 + extra.len();
+    let steps = 5 + extra.len();
     let c = s.concurrency;
     let n = s.intents;
     let step = |i: usize, what: &str| eprintln!("[{i}/{steps}] {what}");
@@ -311,6 +319,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         intents: n,
         secret: secret_text,
         worker_bin,
+        gateway_bin,
         run_id: run_id.clone(),
     };
     let mut seq = 0usize;
@@ -338,19 +347,38 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         workers: s.fleet,
         latency_ms: 0,
         pace: None,
+        gateway: false,
     })
     .await?;
     show(&full);
 
-    let half_rate = full.actions_per_s / 2.0;
     step(
         4,
+        &format!(
+            "oncely end to end through the gateway: {n} HTTP requests on {} connections, {} workers",
+            fleet::HTTP_CONNECTIONS,
+            s.fleet
+        ),
+    );
+    let via_gateway = fleet_run(FleetSpec {
+        workers: s.fleet,
+        latency_ms: 0,
+        pace: None,
+        gateway: true,
+    })
+    .await?;
+    show(&via_gateway);
+
+    let half_rate = full.actions_per_s / 2.0;
+    step(
+        5,
         &format!("oncely end to end, half load: {n} intents paced at {half_rate:.0}/s"),
     );
     let half = fleet_run(FleetSpec {
         workers: s.fleet,
         latency_ms: 0,
         pace: Some(half_rate),
+        gateway: false,
     })
     .await?;
     show(&half);
@@ -358,13 +386,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut measured: Vec<FleetResult> = vec![full.clone()];
     for (i, (w, l)) in extra.iter().enumerate() {
         step(
-            5 + i,
+            6 + i,
             &format!("scaling: {w} workers, sandbox latency {l} ms"),
         );
         let r = fleet_run(FleetSpec {
             workers: *w,
             latency_ms: *l,
             pace: None,
+            gateway: false,
         })
         .await?;
         show(&r);
@@ -399,6 +428,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         broker,
         journal,
         full,
+        via_gateway,
         half,
         scaling_workers,
         scaling_latency,

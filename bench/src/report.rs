@@ -110,6 +110,10 @@ pub struct Report {
     pub journal: JournalResult,
     /// oncely, full load.
     pub full_load: FleetResult,
+    /// oncely, full load, enqueued over HTTP through the gateway.
+    pub via_gateway: FleetResult,
+    /// via_gateway / full_load throughput.
+    pub ratio_gateway: f64,
     /// oncely, half load.
     pub half_load: FleetResult,
     /// Scaling by workers (sandbox latency 0).
@@ -136,10 +140,12 @@ impl Report {
         broker: BrokerResult,
         journal: JournalResult,
         full_load: FleetResult,
+        via_gateway: FleetResult,
         half_load: FleetResult,
         scaling_workers: Vec<FleetResult>,
         scaling_latency: Vec<FleetResult>,
     ) -> Report {
+        let ratio_gateway = via_gateway.actions_per_s / full_load.actions_per_s;
         let ratio_broker = full_load.actions_per_s / broker.msg_per_s;
         let ratio_journal = full_load.actions_per_s / journal.actions_per_s;
         let rss = full_load.max_rss_mib();
@@ -178,6 +184,8 @@ impl Report {
             broker,
             journal,
             full_load,
+            via_gateway,
+            ratio_gateway,
             half_load,
             scaling_workers,
             scaling_latency,
@@ -272,6 +280,26 @@ impl Report {
                 ms(self.full_load.p95_ms),
                 ms(self.full_load.p99_ms)
             ),
+            String::new(),
+            String::new(),
+        ]);
+        t.row(&[
+            format!(
+                "oncely through the gateway: HTTP request per action, {} connections, full load",
+                crate::fleet::HTTP_CONNECTIONS
+            ),
+            format!(
+                "{} actions/s, p50 / p99 {} / {} ms",
+                thousands(self.via_gateway.actions_per_s),
+                ms(self.via_gateway.p50_ms),
+                ms(self.via_gateway.p99_ms)
+            ),
+            String::new(),
+            String::new(),
+        ]);
+        t.row(&[
+            "  gateway / SDK throughput".into(),
+            format!("{:.2}", self.ratio_gateway),
             String::new(),
             String::new(),
         ]);

@@ -1,11 +1,10 @@
 //! The demo's front door: the same kind of mix through the gateway's HTTP API, and an
 //! MCP session that calls one tool five times — all of it must end in one effect per key.
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use oncely_core::KeySecret;
 use oncely_core::config::Config;
 use oncely_gateway::tokens::{Tokens, hash_hex};
+use oncely_sandbox::http::Conn;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "demo-agent-token";
@@ -61,10 +60,10 @@ pub async fn run(
     plan.extend((0..distinct / 5).map(|n| (n * 5, 0)));
     plan.extend((0..3).map(|n| (n, 1)));
     let mut out = FrontDoor::default();
-    let mut http = Http::connect(addr).await?;
+    let mut http = Conn::connect(addr, Some(TOKEN)).await?;
     for (n, variant) in plan {
         let action = actions[n % 3];
-        let (status, answer, _) = http
+        let a = http
             .post(
                 &format!("/v1/actions/{action}"),
                 &body(action, n, variant),
@@ -72,11 +71,11 @@ pub async fn run(
             )
             .await?;
         out.http_requests += 1;
-        match status {
+        match a.status {
             202 => {
                 out.accepted += 1;
                 out.keys
-                    .push(answer["key"].as_str().unwrap_or_default().to_owned());
+                    .push(a.json["key"].as_str().unwrap_or_default().to_owned());
             }
             200 => out.replayed += 1,
             422 => out.conflicts += 1,
@@ -91,15 +90,16 @@ pub async fn run(
 /// `email_send` tool called five times with the same arguments, as a model that timed
 /// out would.
 async fn mcp_session(
-    http: &mut Http,
+    http: &mut Conn,
     out: &mut FrontDoor,
     body: &impl Fn(&str, usize, u64) -> Value,
 ) -> anyhow::Result<()> {
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "oncely-demo", "version": "1"}}});
-    let (status, _, headers) = http.post("/mcp", &init, &[]).await?;
-    anyhow::ensure!(status == 200, "MCP initialize: HTTP {status}");
-    let session = headers
+    let a = http.post("/mcp", &init, &[]).await?;
+    anyhow::ensure!(a.status == 200, "MCP initialize: HTTP {}", a.status);
+    let session = a
+        .headers
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
@@ -117,10 +117,10 @@ async fn mcp_session(
     }
     for id in 1..=5 {
         let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "email_send", "arguments": args}});
-        let (status, answer, _) = http.post("/mcp", &call, &s).await?;
-        anyhow::ensure!(status == 200, "MCP tools/call: HTTP {status}");
+        let a = http.post("/mcp", &call, &s).await?;
+        anyhow::ensure!(a.status == 200, "MCP tools/call: HTTP {}", a.status);
         out.mcp_calls += 1;
-        let result = &answer["result"];
+        let result = &a.json["result"];
         if result["content"][0]["text"]
             .as_str()
             .is_some_and(|t| t.starts_with("queued:"))
@@ -135,53 +135,4 @@ async fn mcp_session(
         }
     }
     Ok(())
-}
-
-/// A keep-alive HTTP/1.1 connection with the demo's token.
-struct Http {
-    addr: std::net::SocketAddr,
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-}
-
-impl Http {
-    async fn connect(addr: std::net::SocketAddr) -> anyhow::Result<Self> {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        Ok(Self { addr, sender })
-    }
-
-    /// POST JSON; the status, the JSON answer (from a JSON or an SSE body) and headers.
-    async fn post(
-        &mut self,
-        path: &str,
-        body: &Value,
-        headers: &[(&str, &str)],
-    ) -> anyhow::Result<(u16, Value, hyper::HeaderMap)> {
-        self.sender.ready().await?;
-        let mut req = hyper::Request::post(path)
-            .header("host", self.addr.to_string())
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream");
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let res = self
-            .sender
-            .send_request(req.body(Full::new(Bytes::from(body.to_string())))?)
-            .await?;
-        let (status, headers) = (res.status().as_u16(), res.headers().clone());
-        let bytes = res.into_body().collect().await?.to_bytes();
-        let text = String::from_utf8_lossy(&bytes);
-        // Streamable HTTP may answer as an event stream: the JSON is in a `data:` line.
-        let json = serde_json::from_str(&text).ok().or_else(|| {
-            text.lines()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-                .find(|v| v.get("result").is_some() || v.get("error").is_some())
-        });
-        Ok((status, json.unwrap_or(Value::Null), headers))
-    }
 }

@@ -21,6 +21,7 @@ mod conn;
 pub mod control;
 mod effects;
 mod faults;
+pub mod http;
 mod injector;
 mod provider;
 mod rng;

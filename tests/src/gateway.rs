@@ -2,9 +2,7 @@
 
 use crate::fleet::{Fleet, Proc, binary};
 use crate::{eventually, free_port, http_get};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
+use oncely_sandbox::http::Conn;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -147,7 +145,7 @@ pub struct Resp {
     /// Status.
     pub status: u16,
     /// Headers.
-    pub headers: hyper::HeaderMap,
+    pub headers: axum::http::HeaderMap,
     /// Body as JSON (`Null` when not JSON).
     pub body: Value,
 }
@@ -159,23 +157,20 @@ impl Resp {
     }
 }
 
-/// An HTTP/1.1 client on one connection.
+/// An HTTP/1.1 client on one connection (the sandbox crate's [`Conn`]).
 #[derive(Debug)]
 pub struct Client {
-    port: u16,
-    token: Option<String>,
-    sender: SendRequest<Full<Bytes>>,
+    conn: Conn,
 }
 
 impl Client {
     /// Connect to `127.0.0.1:port`.
     pub async fn connect(port: u16, token: Option<&str>) -> Client {
-        let sender = handshake(port).await;
-        Client {
-            port,
-            token: token.map(str::to_owned),
-            sender,
-        }
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let conn = Conn::connect(addr, token)
+            .await
+            .unwrap_or_else(|e| panic!("connect {port}: {e}"));
+        Client { conn }
     }
 
     /// `POST /v1/actions/{action}` with a JSON body.
@@ -212,53 +207,15 @@ impl Client {
         headers: &[(&str, &str)],
         body: Vec<u8>,
     ) -> Resp {
-        if self.sender.ready().await.is_err() {
-            self.sender = handshake(self.port).await;
-        }
-        let mut b = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", format!("127.0.0.1:{}", self.port))
-            .header("content-type", "application/json");
-        if let Some(t) = &self.token {
-            b = b.header("authorization", format!("Bearer {t}"));
-        }
-        for (k, v) in headers {
-            b = b.header(*k, *v);
-        }
-        let req = b
-            .body(Full::new(Bytes::from(body)))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let res = self
-            .sender
-            .send_request(req)
+        let a = self
+            .conn
+            .request(method, path, headers, body)
             .await
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        let status = res.status().as_u16();
-        let headers = res.headers().clone();
-        let bytes = res
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         Resp {
-            status,
-            headers,
-            body,
+            status: a.status,
+            headers: a.headers,
+            body: a.json,
         }
     }
-}
-
-async fn handshake(port: u16) -> SendRequest<Full<Bytes>> {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap_or_else(|e| panic!("connect {port}: {e}"));
-    let (sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap_or_else(|e| panic!("handshake: {e}"));
-    tokio::spawn(conn);
-    sender
 }
