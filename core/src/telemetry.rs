@@ -16,7 +16,21 @@ pub fn init() {
 
 /// [`init`] with another default level when `RUST_LOG` is unset (the demo uses `warn`).
 pub fn init_with_default(level: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    init_quieting(level, &[]);
+}
+
+/// [`init_with_default`], with `targets` held at `warn` unless `RUST_LOG` names them: for
+/// libraries whose debug logs may carry message bodies (the MCP SDK logs whole JSON-RPC
+/// messages, i.e. tool arguments and payloads, at debug and trace).
+pub fn init_quieting(level: &str, targets: &[&str]) {
+    let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| level.to_owned());
+    let mut spec = spec;
+    for t in targets {
+        if !spec.contains(t) {
+            spec.push_str(&format!(",{t}=warn"));
+        }
+    }
+    let filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new(level));
     let json = match std::env::var("ONCELY_LOG_FORMAT").as_deref() {
         Ok("json") => true,
         Ok("pretty") => false,

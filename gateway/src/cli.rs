@@ -144,7 +144,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             token_env,
         } => {
             // stdout is the MCP channel: logs go to stderr (telemetry::init writes there).
-            oncely_core::telemetry::init_with_default("warn");
+            oncely_core::telemetry::init_quieting("warn", &["rmcp"]);
             if !stdio {
                 anyhow::bail!(
                     "`oncely-gateway mcp` serves stdio only: pass --stdio (the HTTP transport is /mcp on `oncely-gateway serve`)"
@@ -178,7 +178,8 @@ fn load_tokens(config: &Config, path: &std::path::Path) -> anyhow::Result<Tokens
 }
 
 async fn serve(config_path: Option<PathBuf>, args: ServeArgs) -> anyhow::Result<i32> {
-    oncely_core::telemetry::init();
+    // rmcp logs whole JSON-RPC messages (tool arguments: payloads) at debug and trace.
+    oncely_core::telemetry::init_quieting("info", &["rmcp"]);
     let metrics = oncely_core::metrics::install_handle().map_err(anyhow::Error::msg)?;
     let config = Config::load(config_path.as_deref())?;
     let tokens = load_tokens(&config, &args.tokens_file)?;

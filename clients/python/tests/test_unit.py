@@ -1,101 +1,463 @@
-"""The client's mapping of the gateway's answers, against httpx.MockTransport (no server).
-The protocol itself is tested against a real gateway in test_gateway.py."""
+"""The client's requests and its mapping of the gateway's answers, against
+httpx.MockTransport: no server needed, these always run. The protocol itself is tested
+against a real gateway in test_gateway.py."""
 
-import asyncio
 import json
+import logging
+import pickle
+import socket
+import time
+from email.utils import format_datetime
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import httpx
 import pytest
 
 import oncely
-from oncely import _client
+
+URL = "http://gw.test"
+TOKEN = "secret-token-123"
+Handler = Callable[[httpx.Request], httpx.Response]
+
+ACTION: Dict[str, Any] = {
+    "key": "v1:ab",
+    "action_type": "email.send",
+    "status": "succeeded",
+    "terminal": True,
+    "attempt": 1,
+    "result": {"id": "em_1"},
+    "provider_operation_id": "em_1",
+    "error_code": None,
+}
+RUNNING: Dict[str, Any] = {**ACTION, "status": "executing", "terminal": False, "result": None, "provider_operation_id": None}
+ENQUEUED: Dict[str, Any] = {
+    "outcome": "enqueued",
+    "key": "v1:ab",
+    "status": "planned",
+    "links": {"self": "/v1/actions/v1%3Aab", "wait": "/v1/actions/v1%3Aab?wait=30s"},
+}
+IDENTITY: Dict[str, Any] = {
+    "workflow_id": "case-1842",
+    "step": "send_approval_notice",
+    "business_object": "application-731",
+    "revision": 2,
+    "payload": {"to": "a@example.test", "subject": "Approved"},
+}
 
 
-def client_with(handler):
-    c = oncely.Client("http://gw.test", token="secret-token")
-    c._http = httpx.Client(base_url="http://gw.test", transport=httpx.MockTransport(handler), headers={"Authorization": "Bearer secret-token"})
-    return c
+def client(handler: Handler, url: str = URL) -> oncely.Client:
+    return oncely.Client(url, token=TOKEN, transport=httpx.MockTransport(handler))
 
 
-def answer(status, body, headers=None):
-    return lambda request: httpx.Response(status, json=body, headers=headers or {})
+def async_client(handler: Handler) -> oncely.AsyncClient:
+    return oncely.AsyncClient(URL, token=TOKEN, transport=httpx.MockTransport(handler))
 
 
-ACTION = {"key": "v1:ab", "action_type": "email.send", "status": "succeeded", "terminal": True, "attempt": 1, "result": {"id": "em_1"}, "provider_operation_id": "em_1", "error_code": None}
+def answer(status: int, body: Any, headers: Optional[Dict[str, str]] = None) -> Handler:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, json=body, headers=headers or {})
+
+    return handle
 
 
-def test_the_request_carries_the_identity_token_and_header():
-    seen = {}
-
-    def handler(request):
-        seen["path"] = request.url.raw_path.decode()
-        seen["auth"] = request.headers["authorization"]
-        seen["ikey"] = request.headers.get("idempotency-key")
-        seen["body"] = json.loads(request.content)
-        return httpx.Response(202, json={"outcome": "enqueued", "key": "v1:ab", "status": "planned", "links": {"self": "/v1/actions/v1%3Aab"}})
-
-    r = client_with(handler).enqueue("email.send", workflow_id="w", step="s", business_object="o", revision=2, payload={"to": "x"}, idempotency_key="ck")
-    assert r == oncely.Enqueued(key="v1:ab", status="planned", links={"self": "/v1/actions/v1%3Aab"})
-    assert seen == {"path": "/v1/actions/email.send", "auth": "Bearer secret-token", "ikey": "ck", "body": {"workflow_id": "w", "step": "s", "business_object": "o", "revision": 2, "payload": {"to": "x"}}}
+def error(status: int, code: str, message: str = "m", **extra: Any) -> Handler:
+    return answer(status, {"error": {"code": code, "message": message, **extra}})
 
 
-def test_duplicate_and_conflict_are_values():
-    d = client_with(answer(200, {"outcome": "duplicate", "key": "v1:ab", "status": "succeeded", "action": ACTION}, {"Idempotent-Replayed": "true"})).enqueue("email.send", workflow_id="w", step="s", business_object="o", payload={})
-    assert isinstance(d, oncely.Duplicate) and d.result == {"id": "em_1"} and d.action.terminal
-    c = client_with(answer(422, {"error": {"code": "conflict", "message": "refused", "key": "v1:ab"}})).enqueue("email.send", workflow_id="w", step="s", business_object="o", payload={})
-    assert c == oncely.Conflict(key="v1:ab", message="refused")
+def enqueue(c: oncely.Client, **override: Any) -> oncely.EnqueueResult:
+    return c.enqueue("email.send", **{**IDENTITY, **override})
+
+
+def path_of(request: httpx.Request) -> str:
+    return request.url.raw_path.decode().split("?")[0]
+
+
+# --- enqueue ------------------------------------------------------------------------------
+
+
+def test_enqueue_sends_the_identity_the_token_and_no_idempotency_header_by_default() -> None:
+    seen: List[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(202, json=ENQUEUED)
+
+    with client(handle) as c:
+        r = enqueue(c)
+    assert r == oncely.Enqueued(key="v1:ab", status="planned", links=ENQUEUED["links"])
+    (req,) = seen
+    assert req.method == "POST"
+    assert path_of(req) == "/v1/actions/email.send"
+    assert req.headers["authorization"] == f"Bearer {TOKEN}"
+    assert req.headers["content-type"] == "application/json"
+    assert req.headers["user-agent"].startswith("oncely-python/")
+    assert "idempotency-key" not in req.headers
+    assert json.loads(req.content) == IDENTITY
+
+
+def test_enqueue_sends_the_idempotency_key_header_when_given() -> None:
+    seen: List[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(202, json=ENQUEUED)
+
+    with client(handle) as c:
+        c.enqueue("email.send", idempotency_key="client-42", **IDENTITY)
+    assert seen[0].headers["idempotency-key"] == "client-42"
+
+
+def test_a_duplicate_is_a_value_with_the_saved_status_and_result() -> None:
+    body = {**ENQUEUED, "outcome": "duplicate", "status": "succeeded", "action": ACTION}
+    with client(answer(200, body, {"Idempotent-Replayed": "true"})) as c:
+        r = enqueue(c)
+    assert isinstance(r, oncely.Duplicate)
+    assert (r.key, r.status, r.result, r.provider_operation_id, r.error_code) == (
+        "v1:ab",
+        "succeeded",
+        {"id": "em_1"},
+        "em_1",
+        None,
+    )
+    assert r.action == oncely.Action.from_json(ACTION)
+    assert r.action.terminal and r.action.attempt == 1 and r.action.action_type == "email.send"
+
+
+def test_a_conflict_is_a_value_not_an_exception() -> None:
+    with client(error(422, "conflict", "same identity, other payload", key="v1:ab")) as c:
+        r = enqueue(c)
+    assert r == oncely.Conflict(key="v1:ab", message="same identity, other payload")
+
+
+def test_another_422_raises() -> None:
+    with client(error(422, "idempotency_key_reused", "used for another request")) as c:
+        with pytest.raises(oncely.OncelyError) as e:
+            c.enqueue("email.send", idempotency_key="k", **IDENTITY)
+    assert type(e.value) is oncely.OncelyError
+    assert (e.value.code, e.value.status, e.value.message) == ("idempotency_key_reused", 422, "used for another request")
 
 
 @pytest.mark.parametrize(
     "status,code,cls",
-    [(400, "schema_violation", oncely.InvalidRequest), (401, "unauthorized", oncely.Unauthorized), (403, "forbidden_action_type", oncely.Forbidden), (404, "not_found", oncely.NotFound), (409, "request_in_progress", oncely.RequestInProgress), (413, "payload_too_large", oncely.PayloadTooLarge), (422, "idempotency_key_reused", oncely.OncelyError), (500, "internal", oncely.OncelyError)],
+    [
+        (400, "schema_violation", oncely.InvalidRequest),
+        (401, "unauthorized", oncely.Unauthorized),
+        (403, "forbidden_action_type", oncely.Forbidden),
+        (404, "unknown_action_type", oncely.NotFound),
+        (409, "request_in_progress", oncely.RequestInProgress),
+        (413, "payload_too_large", oncely.PayloadTooLarge),
+        (503, "database_unavailable", oncely.Unavailable),
+        (500, "internal", oncely.OncelyError),
+        (429, "too_many_requests", oncely.OncelyError),
+    ],
 )
-def test_errors_are_exceptions_with_the_code(status, code, cls):
-    c = client_with(answer(status, {"error": {"code": code, "message": "m", "field": "/payload/to"}}))
-    with pytest.raises(cls) as e:
-        c.enqueue("email.send", workflow_id="w", step="s", business_object="o", payload={})
-    assert (e.value.code, e.value.status, e.value.field) == (code, status, "/payload/to")
+def test_error_answers_raise_by_status_with_the_gateways_code(status: int, code: str, cls: Type[oncely.OncelyError]) -> None:
+    with client(error(status, code, "why", field="/payload/to")) as c:
+        with pytest.raises(cls) as e:
+            enqueue(c)
+    assert type(e.value) is cls
+    assert (e.value.code, e.value.message, e.value.status, e.value.field) == (code, "why", status, "/payload/to")
+    assert str(e.value) == f"{code}: why (field /payload/to)"
 
 
-def test_unavailable_carries_retry_after_and_the_recorded_key():
-    c = client_with(answer(503, {"error": {"code": "broker_unavailable", "message": "m", "key": "v1:ab"}}, {"Retry-After": "2"}))
-    with pytest.raises(oncely.Unavailable) as e:
-        c.enqueue("email.send", workflow_id="w", step="s", business_object="o", payload={})
-    assert (e.value.retry_after, e.value.key) == (2.0, "v1:ab")
+def test_an_error_without_a_field_has_none() -> None:
+    with client(error(401, "unauthorized", "no token")) as c:
+        with pytest.raises(oncely.Unauthorized) as e:
+            c.action_types()
+    assert e.value.field is None and e.value.retry_after is None and str(e.value) == "unauthorized: no token"
 
 
-def test_a_transport_error_is_unavailable():
-    def refuse(request):
-        raise httpx.ConnectError("refused")
+def test_unavailable_carries_retry_after_seconds_and_the_recorded_key() -> None:
+    body = {"error": {"code": "broker_unavailable", "message": "recorded", "key": "v1:ab"}}
+    with client(answer(503, body, {"Retry-After": "2"})) as c:
+        with pytest.raises(oncely.Unavailable) as e:
+            enqueue(c)
+    assert (e.value.code, e.value.status, e.value.retry_after, e.value.key) == ("broker_unavailable", 503, 2.0, "v1:ab")
 
-    with pytest.raises(oncely.Unavailable) as e:
-        client_with(refuse).status("v1:ab")
+
+def test_retry_after_as_an_http_date() -> None:
+    when = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=30), usegmt=True)
+    with client(answer(503, {"error": {"code": "database_unavailable", "message": "m"}}, {"Retry-After": when})) as c:
+        with pytest.raises(oncely.Unavailable) as e:
+            enqueue(c)
+    assert e.value.retry_after is not None and 25 <= e.value.retry_after <= 31
+
+
+def test_an_error_that_is_not_the_gateways_json_still_maps_by_status() -> None:
+    def html(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, text="<html>bad gateway</html>", headers={"Retry-After": "5"})
+
+    with client(html) as c:
+        with pytest.raises(oncely.Unavailable) as e:
+            c.status("v1:ab")
+    assert (e.value.code, e.value.status, e.value.retry_after) == ("http_503", 503, 5.0)
+
+    with client(lambda r: httpx.Response(502, text="oops")) as c:
+        with pytest.raises(oncely.OncelyError) as e2:
+            enqueue(c)
+    assert (e2.value.code, e2.value.status) == ("http_502", 502)
+
+
+def test_a_success_answer_that_is_not_the_api_raises_invalid_response() -> None:
+    for handler in (answer(200, {"no": "action"}), answer(202, ["a", "list"]), lambda r: httpx.Response(200, text="hi")):
+        with client(handler) as c:
+            with pytest.raises(oncely.OncelyError) as e:
+                enqueue(c)
+        assert e.value.code == "invalid_response"
+
+
+# --- transport ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc", [httpx.ConnectError("refused"), httpx.ReadTimeout("timed out")])
+def test_a_transport_error_is_unavailable_with_the_cause_chained(exc: httpx.TransportError) -> None:
+    def fail(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    with client(fail) as c:
+        with pytest.raises(oncely.Unavailable) as e:
+            enqueue(c)
+    assert (e.value.code, e.value.status) == ("transport", 0)
+    assert e.value.__cause__ is exc
+
+
+def test_a_refused_connection_to_a_real_port_is_unavailable() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with oncely.Client(f"http://127.0.0.1:{port}", token=TOKEN, timeout=2) as c:
+        with pytest.raises(oncely.Unavailable) as e:
+            c.status("v1:ab")
     assert e.value.code == "transport" and isinstance(e.value.__cause__, httpx.ConnectError)
 
 
-def test_keys_are_percent_encoded_and_wait_loops_until_terminal(monkeypatch):
-    monkeypatch.setattr(_client, "SERVER_MAX_WAIT", 0.01)
-    calls = []
+# --- status, wait, action types -----------------------------------------------------------
 
-    def handler(request):
-        calls.append((request.url.raw_path.decode().split("?")[0], request.url.params.get("wait")))
-        return httpx.Response(200, json={**ACTION, "status": "executing", "terminal": False} if len(calls) < 3 else ACTION)
 
-    a = client_with(handler).wait("v1:ab", timeout=5)
+def test_status_percent_encodes_the_key() -> None:
+    seen: List[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=ACTION)
+
+    with client(handle) as c:
+        a = c.status("v1:ab/c")
+    assert a == oncely.Action("v1:ab", "email.send", "succeeded", True, 1, {"id": "em_1"}, "em_1", None)
+    assert seen[0].method == "GET" and path_of(seen[0]) == "/v1/actions/v1%3Aab%2Fc"
+    assert "wait" not in seen[0].url.params
+
+
+def test_status_of_an_unknown_key_raises_not_found() -> None:
+    with client(error(404, "not_found", "no such operation")) as c:
+        with pytest.raises(oncely.NotFound) as e:
+            c.status("v1:nope")
+    assert e.value.code == "not_found"
+
+
+def test_a_base_url_with_a_path_prefix_is_kept() -> None:
+    seen: List[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(path_of(request))
+        return httpx.Response(200, json=ACTION)
+
+    with client(handle, url="http://gw.test/oncely/") as c:
+        c.status("v1:ab")
+    assert seen == ["/oncely/v1/actions/v1%3Aab"]
+
+
+def test_wait_asks_the_server_to_hold_and_returns_once_terminal() -> None:
+    waits: List[Tuple[str, Optional[str], Any]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        waits.append((path_of(request), request.url.params.get("wait"), request.extensions["timeout"]["read"]))
+        return httpx.Response(200, json=ACTION)
+
+    with client(handle) as c:
+        a = c.wait("v1:ab", timeout=1.5)
     assert a.terminal and a.result == {"id": "em_1"}
-    assert len(calls) == 3 and calls[0][0] == "/v1/actions/v1%3Aab" and calls[0][1].endswith("ms")
+    (path, wait, read_timeout) = waits[0]
+    assert (path, wait) == ("/v1/actions/v1%3Aab", "1500ms")
+    assert read_timeout > 11  # 10 s + the wait: the long-poll is not cut by the client's own timeout
 
 
-def test_the_token_is_not_in_the_repr():
-    c = oncely.Client("http://gw.test", token="secret-token")
-    assert "secret-token" not in repr(c) and "secret-token" not in repr(c.__dict__.get("_http"))
+def test_a_long_wait_is_split_at_the_servers_limit_and_loops_until_terminal() -> None:
+    waits: List[Optional[str]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        waits.append(request.url.params.get("wait"))
+        # a server holding the request for the whole wait would take 60 s; answer at once
+        return httpx.Response(200, json=RUNNING if len(waits) < 3 else ACTION)
+
+    with client(handle) as c:
+        a = c.wait("v1:ab", timeout=150)
+    assert a.terminal and len(waits) == 3
+    assert waits[0] == "60000ms"
 
 
-def test_the_async_client_maps_the_same_way():
-    async def go():
-        c = oncely.AsyncClient("http://gw.test", token="t")
-        c._http = httpx.AsyncClient(base_url="http://gw.test", transport=httpx.MockTransport(answer(200, ACTION)))
-        async with c:
-            return await c.status("v1:ab")
+def test_wait_returns_the_current_state_when_the_time_is_up() -> None:
+    calls: List[str] = []
 
-    assert asyncio.run(go()) == oncely.Action.from_json(ACTION)
+    def hold(request: httpx.Request) -> httpx.Response:
+        wait = request.url.params["wait"]
+        calls.append(wait)
+        time.sleep(int(wait.removesuffix("ms")) / 1000)  # a server holding until its timeout
+        return httpx.Response(200, json=RUNNING)
+
+    started = time.monotonic()
+    with client(hold) as c:
+        a = c.wait("v1:ab", timeout=0.3)
+    assert not a.terminal and a.status == "executing"
+    assert 0.3 <= time.monotonic() - started < 2
+    assert calls[0] == "300ms"
+
+
+def test_wait_does_not_hammer_a_server_that_answers_early() -> None:
+    calls: List[int] = []
+
+    def early(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(200, json=RUNNING)
+
+    with client(early) as c:
+        a = c.wait("v1:ab", timeout=0.6)
+    assert not a.terminal
+    assert 2 <= len(calls) <= 5
+
+
+def test_action_types() -> None:
+    body = {
+        "action_types": [
+            {"name": "email.send", "tool": "email_send", "description": "Send one email.", "payload_schema": {"type": "object", "required": ["to", "subject"]}},
+            {"name": "ticket.create", "tool": "ticket_create", "description": "", "payload_schema": None},
+        ]
+    }
+    with client(answer(200, body)) as c:
+        types = c.action_types()
+    assert types == [
+        oncely.ActionType("email.send", "email_send", "Send one email.", {"type": "object", "required": ["to", "subject"]}),
+        oncely.ActionType("ticket.create", "ticket_create", "", {}),
+    ]
+
+
+def test_empty_arguments_are_refused_before_sending() -> None:
+    with client(answer(200, ACTION)) as c:
+        with pytest.raises(ValueError):
+            c.status("")
+        with pytest.raises(ValueError):
+            c.enqueue("", **IDENTITY)
+    with pytest.raises(ValueError):
+        oncely.Client(URL, token="")
+
+
+# --- secrecy, values, lifecycle -------------------------------------------------------------
+
+
+def test_the_token_is_in_no_repr_and_nothing_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    c = client(answer(400, {"error": {"code": "schema_violation", "message": "bad", "field": "/payload/to"}}))
+    assert TOKEN not in repr(c) and repr(c) == "oncely.Client('http://gw.test')"
+    with pytest.raises(oncely.InvalidRequest) as e:
+        enqueue(c, payload={"to": "secret@example.test", "subject": "private words"})
+    c.close()
+    for text in (repr(e.value), str(e.value), caplog.text):
+        assert TOKEN not in text and "secret@example.test" not in text and "private words" not in text
+    assert TOKEN not in repr(oncely.AsyncClient(URL, token=TOKEN))
+
+
+def test_values_are_frozen_and_errors_pickle() -> None:
+    r = oncely.Conflict(key="v1:ab", message="m")
+    with pytest.raises(AttributeError):
+        r.key = "other"  # type: ignore[misc]
+    e = oncely.Unavailable("broker_unavailable", "m", 503, None, 2.0, key="v1:ab")
+    e2 = pickle.loads(pickle.dumps(e))
+    assert type(e2) is oncely.Unavailable
+    assert (e2.code, e2.message, e2.status, e2.retry_after, e2.key) == ("broker_unavailable", "m", 503, 2.0, "v1:ab")
+
+
+def test_action_from_json_derives_terminal_when_absent() -> None:
+    a = oncely.Action.from_json({"key": "v1:x", "status": "failed_final"})
+    assert a.terminal and a.attempt == 0 and a.result is None
+
+
+def test_the_context_manager_closes() -> None:
+    with client(answer(200, ACTION)) as c:
+        c.status("v1:ab")
+    with pytest.raises(RuntimeError):  # httpx: the client has been closed
+        c.status("v1:ab")
+
+
+# --- async ----------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_async_enqueue_duplicate_conflict() -> None:
+    answers = [
+        (202, ENQUEUED),
+        (200, {**ENQUEUED, "outcome": "duplicate", "status": "planned", "action": {**RUNNING, "status": "planned"}}),
+        (422, {"error": {"code": "conflict", "message": "refused", "key": "v1:ab"}}),
+    ]
+    seen: List[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        status, body = answers[len(seen) - 1]
+        return httpx.Response(status, json=body)
+
+    async with async_client(handle) as c:
+        first = await c.enqueue("email.send", idempotency_key="ik", **IDENTITY)
+        again = await c.enqueue("email.send", **IDENTITY)
+        other = await c.enqueue("email.send", **{**IDENTITY, "payload": {"to": "b@example.test", "subject": "No"}})
+    assert isinstance(first, oncely.Enqueued) and first.key == "v1:ab"
+    assert isinstance(again, oncely.Duplicate) and again.status == "planned" and not again.action.terminal
+    assert other == oncely.Conflict(key="v1:ab", message="refused")
+    assert seen[0].headers["idempotency-key"] == "ik" and seen[0].headers["authorization"] == f"Bearer {TOKEN}"
+    assert json.loads(seen[0].content) == IDENTITY
+
+
+@pytest.mark.anyio
+async def test_async_status_wait_action_types_and_errors() -> None:
+    calls: List[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(str(request.url.raw_path.decode()))
+        if path_of(request) == "/v1/action-types":
+            return httpx.Response(200, json={"action_types": [{"name": "ticket.create", "tool": "ticket_create", "description": "d", "payload_schema": {}}]})
+        if path_of(request) == "/v1/actions/v1%3Aother":
+            return httpx.Response(404, json={"error": {"code": "not_found", "message": "no"}})
+        return httpx.Response(200, json=ACTION if "wait" in request.url.params else RUNNING)
+
+    c = async_client(handle)
+    assert (await c.status("v1:ab")).status == "executing"
+    assert (await c.wait("v1:ab", timeout=5)).status == "succeeded"
+    assert [t.name for t in await c.action_types()] == ["ticket.create"]
+    with pytest.raises(oncely.NotFound):
+        await c.status("v1:other")
+    await c.close()
+    assert calls[1] == "/v1/actions/v1%3Aab?wait=5000ms"
+
+
+@pytest.mark.anyio
+async def test_async_transport_error_is_unavailable() -> None:
+    def fail(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out")
+
+    async with async_client(fail) as c:
+        with pytest.raises(oncely.Unavailable) as e:
+            await c.action_types()
+    assert e.value.code == "transport" and isinstance(e.value.__cause__, httpx.ConnectTimeout)
+
+
+@pytest.mark.anyio
+async def test_async_wait_loops_until_terminal() -> None:
+    n: List[int] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        n.append(1)
+        return httpx.Response(200, json=RUNNING if len(n) < 3 else ACTION)
+
+    async with async_client(handle) as c:
+        a = await c.wait("v1:ab", timeout=10)
+    assert a.terminal and len(n) == 3

@@ -60,4 +60,9 @@ async fn the_python_mcp_sdk_calls_a_tool_five_times_and_one_email_is_sent() {
         "one email per distinct call, not per call"
     );
     assert!(effects.duplicates().next().is_none());
+    let logs = gw.proc.logs();
+    assert!(
+        !logs.contains("bob@example.test") && !logs.contains("Invoice 42"),
+        "no payload in the gateway's log:\n{logs}"
+    );
 }

@@ -1,12 +1,22 @@
-"""Client for the oncely gateway: enqueue AI agents' side effects so they happen once.
+"""Client for the oncely gateway: make AI agents' side effects happen once.
 
-The gateway derives the idempotency key from the business identity (your token's tenant,
-the action type, workflow_id, step, business_object, revision), so repeating
-``enqueue`` — after a timeout, a crash, a redelivery — is always safe: a repeat is
-reported as a ``Duplicate`` with the saved status and result, never run twice.
+The gateway derives each action's key from its business identity (the token's tenant,
+the action type, ``workflow_id``, ``step``, ``business_object``, ``revision``), so
+repeating ``enqueue`` — after a timeout, a crash, an ``Unavailable`` — is always safe:
+a repeat is reported as a :class:`Duplicate` with the saved status and result, and never
+runs twice.
+
+    from oncely import Client, Conflict
+
+    with Client("http://127.0.0.1:8080", token=TOKEN) as c:
+        r = c.enqueue("email.send", workflow_id="case-1842", step="send_approval_notice",
+                      business_object="application-731", revision=2,
+                      payload={"to": "a@example.test", "subject": "Approved"})
+        if not isinstance(r, Conflict):
+            done = c.wait(r.key, timeout=60)
 """
 
-from ._client import AsyncClient, Client
+from ._client import SERVER_MAX_WAIT, AsyncClient, Client
 from ._errors import (
     Forbidden,
     InvalidRequest,
@@ -17,9 +27,12 @@ from ._errors import (
     Unauthorized,
     Unavailable,
 )
-from ._types import Action, ActionType, Conflict, Duplicate, Enqueued, EnqueueResult
+from ._types import TERMINAL_STATUSES, Action, ActionType, Conflict, Duplicate, Enqueued, EnqueueResult
+from ._version import __version__
 
 __all__ = [
+    "SERVER_MAX_WAIT",
+    "TERMINAL_STATUSES",
     "Action",
     "ActionType",
     "AsyncClient",
@@ -36,4 +49,5 @@ __all__ = [
     "RequestInProgress",
     "Unauthorized",
     "Unavailable",
+    "__version__",
 ]

@@ -1,72 +1,167 @@
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+"""The synchronous and asynchronous clients.
+
+The protocol (building requests, reading answers) lives in module functions shared by
+both; the two classes only send. Nothing here logs: not the payload, not the token.
+"""
+
+import asyncio
+import email.utils
+import math
+import time
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Type
 from urllib.parse import quote
 
 import httpx
 
 from ._errors import BY_STATUS, OncelyError, Unavailable
 from ._types import Action, ActionType, Conflict, Duplicate, Enqueued, EnqueueResult
+from ._version import __version__
 
-#: The longest wait the gateway grants per request; longer waits loop.
+__all__ = ["AsyncClient", "Client", "SERVER_MAX_WAIT"]
+
+#: The longest wait the gateway grants in one request (seconds); longer waits loop.
 SERVER_MAX_WAIT = 60.0
 
+#: A long-poll that comes back early and not terminal is not repeated sooner than this.
+_MIN_POLL_INTERVAL = 0.25
 
-def _request(
-    action_type: str,
-    workflow_id: str,
-    step: str,
-    business_object: str,
-    revision: int,
-    payload: Mapping[str, Any],
-    idempotency_key: Optional[str],
-) -> Tuple[str, Dict[str, Any], Dict[str, str]]:
-    body = {
+
+# --- requests ---------------------------------------------------------------------------
+
+
+def _quote_segment(value: str) -> str:
+    """Percent-encode one path segment (keys hold ':' — ``v1%3A…``)."""
+    return quote(value, safe="")
+
+
+def _action_path(key: str) -> str:
+    if not key:
+        raise ValueError("key must not be empty")
+    return f"/v1/actions/{_quote_segment(key)}"
+
+
+def _enqueue_path(action_type: str) -> str:
+    if not action_type:
+        raise ValueError("action_type must not be empty")
+    return f"/v1/actions/{_quote_segment(action_type)}"
+
+
+def _enqueue_body(
+    workflow_id: str, step: str, business_object: str, revision: int, payload: Mapping[str, Any]
+) -> Dict[str, Any]:
+    return {
         "workflow_id": workflow_id,
         "step": step,
         "business_object": business_object,
         "revision": revision,
         "payload": dict(payload),
     }
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    return f"/v1/actions/{quote(action_type, safe='')}", body, headers
+
+
+def _enqueue_headers(idempotency_key: Optional[str]) -> Dict[str, str]:
+    return {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+
+
+def _wait_param(seconds: float) -> str:
+    """The ``wait`` query value: whole milliseconds, rounded up, at most the server's max."""
+    ms = math.ceil(min(max(seconds, 0.0), SERVER_MAX_WAIT) * 1000)
+    return f"{ms}ms"
+
+
+def _headers(token: str) -> Dict[str, str]:
+    if not token:
+        raise ValueError("token must not be empty")
+    return {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/json",
+        "User-Agent": f"oncely-python/{__version__}",
+    }
+
+
+# --- answers ----------------------------------------------------------------------------
+
+
+def _retry_after(r: httpx.Response) -> Optional[float]:
+    """``Retry-After`` in seconds: delta-seconds, or an HTTP date from now."""
+    value = r.headers.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _json_object(r: httpx.Response) -> Optional[Dict[str, Any]]:
+    try:
+        data = r.json()
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _error(r: httpx.Response) -> OncelyError:
-    try:
-        e = r.json().get("error", {})
-    except ValueError:
-        e = {}
-    retry_after: Optional[float] = None
-    if "retry-after" in r.headers:
-        try:
-            retry_after = float(r.headers["retry-after"])
-        except ValueError:
-            retry_after = None
+    """The exception for an error answer, by status; the gateway's code when it gave one."""
+    body = _json_object(r) or {}
+    err = body.get("error")
+    if not isinstance(err, dict):
+        err = {}
+    field = err.get("field")
+    key = err.get("key")
     cls = BY_STATUS.get(r.status_code, OncelyError)
     return cls(
-        code=str(e.get("code", f"http_{r.status_code}")),
-        message=str(e.get("message", r.reason_phrase)),
+        code=str(err.get("code") or f"http_{r.status_code}"),
+        message=str(err.get("message") or r.reason_phrase or f"HTTP {r.status_code}"),
         status=r.status_code,
-        field=e.get("field"),
-        retry_after=retry_after,
-        key=e.get("key"),
+        field=str(field) if field is not None else None,
+        retry_after=_retry_after(r),
+        key=str(key) if key is not None else None,
     )
 
 
+def _invalid(r: httpx.Response, cause: Optional[BaseException] = None) -> NoReturn:
+    e = OncelyError(
+        code="invalid_response",
+        message=f"the gateway's answer (HTTP {r.status_code}) is not what the API documents",
+        status=r.status_code,
+    )
+    raise e from cause
+
+
 def _enqueue_result(r: httpx.Response) -> EnqueueResult:
-    if r.status_code == 202:
-        d = r.json()
-        return Enqueued(key=d["key"], status=d["status"], links=dict(d.get("links", {})))
-    if r.status_code == 200:
-        d = r.json()
-        action = Action.from_json(d["action"])
-        return Duplicate(
-            key=d["key"],
-            status=action.status,
-            result=action.result,
-            provider_operation_id=action.provider_operation_id,
-            error_code=action.error_code,
-            action=action,
-        )
+    if r.status_code in (200, 202):
+        body = _json_object(r)
+        if body is None:
+            _invalid(r)
+        try:
+            if r.status_code == 202:
+                links = body.get("links") or {}
+                return Enqueued(
+                    key=str(body["key"]),
+                    status=str(body.get("status") or "planned"),
+                    links={str(k): str(v) for k, v in dict(links).items()},
+                )
+            action = Action.from_json(body["action"])
+            return Duplicate(
+                key=str(body.get("key") or action.key),
+                status=str(body.get("status") or action.status),
+                result=action.result,
+                provider_operation_id=action.provider_operation_id,
+                error_code=action.error_code,
+                action=action,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            _invalid(r, e)
     err = _error(r)
     if r.status_code == 422 and err.code == "conflict":
         return Conflict(key=err.key or "", message=err.message)
@@ -76,50 +171,97 @@ def _enqueue_result(r: httpx.Response) -> EnqueueResult:
 def _action(r: httpx.Response) -> Action:
     if r.status_code != 200:
         raise _error(r)
-    return Action.from_json(r.json())
+    body = _json_object(r)
+    if body is None:
+        _invalid(r)
+    try:
+        return Action.from_json(body)
+    except (KeyError, TypeError, ValueError) as e:
+        _invalid(r, e)
 
 
-def _wait_param(seconds: float) -> str:
-    return f"{max(0, int(seconds * 1000))}ms"
+def _action_types(r: httpx.Response) -> List[ActionType]:
+    if r.status_code != 200:
+        raise _error(r)
+    body = _json_object(r)
+    if body is None:
+        _invalid(r)
+    try:
+        return [ActionType.from_json(t) for t in body["action_types"]]
+    except (KeyError, TypeError, ValueError) as e:
+        _invalid(r, e)
 
 
-def _transport(e: Exception) -> Unavailable:
-    u = Unavailable(code="transport", message=str(e) or type(e).__name__, status=0)
-    u.__cause__ = e
-    return u
+def _transport(e: httpx.TransportError) -> Unavailable:
+    detail = str(e) or type(e).__name__
+    return Unavailable(code="transport", message=f"{type(e).__name__}: {detail}", status=0)
 
 
-def _key_path(key: str) -> str:
-    return f"/v1/actions/{quote(key, safe='')}"
+def _wait_timeout(base: float, chunk: float) -> httpx.Timeout:
+    # The long-poll holds the answer for up to `chunk` seconds: read that much longer.
+    return httpx.Timeout(base, read=base + chunk)
+
+
+def _early_poll_pause(started: float, chunk: float, deadline: float) -> float:
+    """How long to pause before asking again when a long-poll came back not terminal:
+    zero when it ran its course; a short pause when it came back early, so a server or
+    proxy that ignores ``wait`` is not hammered."""
+    now = time.monotonic()
+    if now - started >= chunk - 0.05:
+        return 0.0
+    return max(0.0, min(_MIN_POLL_INTERVAL, deadline - now))
+
+
+# --- the clients ------------------------------------------------------------------------
 
 
 class Client:
-    """A synchronous client. Retrying ``enqueue`` after ``Unavailable`` is always safe."""
+    """A synchronous client of the oncely gateway.
 
-    def __init__(self, url: str, token: str, timeout: float = 10.0) -> None:
+    ``Client(url, token, timeout=10.0)``; use it as a context manager or call
+    :meth:`close`. Thread-safe (one httpx connection pool). It never retries by itself:
+    retrying :meth:`enqueue` after :class:`~oncely.Unavailable` is always safe, because
+    the key comes from the business identity — a retry is at worst a ``Duplicate``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        timeout: float = 10.0,
+        *,
+        transport: Optional[httpx.BaseTransport] = None,
+    ) -> None:
+        self._url = url.rstrip("/")
+        self._timeout = float(timeout)
         self._http = httpx.Client(
-            base_url=url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout,
+            base_url=self._url,
+            headers=_headers(token),
+            timeout=self._timeout,
+            transport=transport,
         )
 
     def __repr__(self) -> str:
-        return f"oncely.Client({str(self._http.base_url)!r})"
+        return f"oncely.Client({self._url!r})"
 
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         self.close()
 
     def close(self) -> None:
+        """Close the connection pool."""
         self._http.close()
 
-    def _send(self, method: str, path: str, timeout: Optional[float] = None, **kw: Any) -> httpx.Response:
+    def _send(self, request: httpx.Request) -> httpx.Response:
         try:
-            if timeout is not None:
-                kw["timeout"] = timeout
-            return self._http.request(method, path, **kw)
+            return self._http.send(request)
         except httpx.TransportError as e:
             raise _transport(e) from e
 
@@ -130,66 +272,106 @@ class Client:
         workflow_id: str,
         step: str,
         business_object: str,
-        revision: int = 1,
+        revision: int,
         payload: Mapping[str, Any],
         idempotency_key: Optional[str] = None,
     ) -> EnqueueResult:
-        """Enqueue an action: ``Enqueued`` (new), ``Duplicate`` (requested before) or
-        ``Conflict`` (same identity, other payload: refused)."""
-        path, body, headers = _request(action_type, workflow_id, step, business_object, revision, payload, idempotency_key)
-        return _enqueue_result(self._send("POST", path, json=body, headers=headers))
+        """Ask for an action once.
+
+        Returns :class:`Enqueued` (new: it will run once), :class:`Duplicate` (asked
+        before: nothing new happens; the saved status and result) or :class:`Conflict`
+        (the same identity with another payload: refused). Raises :class:`OncelyError`
+        subclasses for error answers. ``idempotency_key`` sends the optional
+        ``Idempotency-Key`` header.
+        """
+        request = self._http.build_request(
+            "POST",
+            _enqueue_path(action_type),
+            json=_enqueue_body(workflow_id, step, business_object, revision, payload),
+            headers=_enqueue_headers(idempotency_key),
+        )
+        return _enqueue_result(self._send(request))
 
     def status(self, key: str) -> Action:
-        """The operation's status and result."""
-        return _action(self._send("GET", _key_path(key)))
+        """The operation's current state. :class:`NotFound` for an unknown key or one of
+        another tenant."""
+        return _action(self._send(self._http.build_request("GET", _action_path(key))))
 
     def wait(self, key: str, timeout: float = 30.0) -> Action:
-        """Wait until the operation is terminal or ``timeout`` seconds pass; returns it
-        either way (check ``.terminal``)."""
-        import time
-
-        deadline = time.monotonic() + timeout
+        """Long-poll until the operation is terminal or ``timeout`` seconds pass, and
+        return it either way (check ``.terminal``). Waits beyond the gateway's 60 s
+        limit are made of several requests."""
+        deadline = time.monotonic() + max(0.0, timeout)
         while True:
-            left = min(SERVER_MAX_WAIT, max(0.0, deadline - time.monotonic()))
-            a = _action(self._send("GET", _key_path(key), params={"wait": _wait_param(left)}, timeout=left + 10))
-            if a.terminal or time.monotonic() >= deadline:
-                return a
+            chunk = min(SERVER_MAX_WAIT, max(0.0, deadline - time.monotonic()))
+            started = time.monotonic()
+            request = self._http.build_request(
+                "GET",
+                _action_path(key),
+                params={"wait": _wait_param(chunk)},
+                timeout=_wait_timeout(self._timeout, chunk),
+            )
+            action = _action(self._send(request))
+            if action.terminal or time.monotonic() >= deadline:
+                return action
+            pause = _early_poll_pause(started, chunk, deadline)
+            if pause > 0:
+                time.sleep(pause)
 
     def action_types(self) -> List[ActionType]:
         """The action types this token may enqueue, with their payload schemas."""
-        r = self._send("GET", "/v1/action-types")
-        if r.status_code != 200:
-            raise _error(r)
-        return [ActionType(**t) for t in r.json()["action_types"]]
+        return _action_types(self._send(self._http.build_request("GET", "/v1/action-types")))
 
 
 class AsyncClient:
-    """The asyncio twin of :class:`Client`."""
+    """The asyncio twin of :class:`Client`: the same methods, awaited.
 
-    def __init__(self, url: str, token: str, timeout: float = 10.0) -> None:
+    ``async with AsyncClient(url, token) as c: await c.enqueue(...)``, or
+    ``await c.close()``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        timeout: float = 10.0,
+        *,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self._url = url.rstrip("/")
+        self._timeout = float(timeout)
         self._http = httpx.AsyncClient(
-            base_url=url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout,
+            base_url=self._url,
+            headers=_headers(token),
+            timeout=self._timeout,
+            transport=transport,
         )
 
     def __repr__(self) -> str:
-        return f"oncely.AsyncClient({str(self._http.base_url)!r})"
+        return f"oncely.AsyncClient({self._url!r})"
 
     async def __aenter__(self) -> "AsyncClient":
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        await self.close()
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
+        """Close the connection pool."""
         await self._http.aclose()
 
-    async def _send(self, method: str, path: str, timeout: Optional[float] = None, **kw: Any) -> httpx.Response:
+    async def aclose(self) -> None:
+        """The same as :meth:`close` (httpx's name)."""
+        await self.close()
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
         try:
-            if timeout is not None:
-                kw["timeout"] = timeout
-            return await self._http.request(method, path, **kw)
+            return await self._http.send(request)
         except httpx.TransportError as e:
             raise _transport(e) from e
 
@@ -200,32 +382,44 @@ class AsyncClient:
         workflow_id: str,
         step: str,
         business_object: str,
-        revision: int = 1,
+        revision: int,
         payload: Mapping[str, Any],
         idempotency_key: Optional[str] = None,
     ) -> EnqueueResult:
         """See :meth:`Client.enqueue`."""
-        path, body, headers = _request(action_type, workflow_id, step, business_object, revision, payload, idempotency_key)
-        return _enqueue_result(await self._send("POST", path, json=body, headers=headers))
+        request = self._http.build_request(
+            "POST",
+            _enqueue_path(action_type),
+            json=_enqueue_body(workflow_id, step, business_object, revision, payload),
+            headers=_enqueue_headers(idempotency_key),
+        )
+        return _enqueue_result(await self._send(request))
 
     async def status(self, key: str) -> Action:
         """See :meth:`Client.status`."""
-        return _action(await self._send("GET", _key_path(key)))
+        return _action(await self._send(self._http.build_request("GET", _action_path(key))))
 
     async def wait(self, key: str, timeout: float = 30.0) -> Action:
         """See :meth:`Client.wait`."""
-        import time
-
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + max(0.0, timeout)
         while True:
-            left = min(SERVER_MAX_WAIT, max(0.0, deadline - time.monotonic()))
-            a = _action(await self._send("GET", _key_path(key), params={"wait": _wait_param(left)}, timeout=left + 10))
-            if a.terminal or time.monotonic() >= deadline:
-                return a
+            chunk = min(SERVER_MAX_WAIT, max(0.0, deadline - time.monotonic()))
+            started = time.monotonic()
+            request = self._http.build_request(
+                "GET",
+                _action_path(key),
+                params={"wait": _wait_param(chunk)},
+                timeout=_wait_timeout(self._timeout, chunk),
+            )
+            action = _action(await self._send(request))
+            if action.terminal or time.monotonic() >= deadline:
+                return action
+            pause = _early_poll_pause(started, chunk, deadline)
+            if pause > 0:
+                await asyncio.sleep(pause)
 
     async def action_types(self) -> List[ActionType]:
         """See :meth:`Client.action_types`."""
-        r = await self._send("GET", "/v1/action-types")
-        if r.status_code != 200:
-            raise _error(r)
-        return [ActionType(**t) for t in r.json()["action_types"]]
+        return _action_types(
+            await self._send(self._http.build_request("GET", "/v1/action-types"))
+        )

@@ -1,8 +1,18 @@
-from typing import Optional
+"""Errors: the gateway's error answers (and transport failures) as exceptions."""
+
+from typing import Any, Dict, Optional, Tuple, Type
 
 
 class OncelyError(Exception):
-    """An error answer of the gateway: ``code`` is its stable error code."""
+    """An error answer of the gateway.
+
+    ``code`` is the gateway's stable error code (``schema_violation``,
+    ``forbidden_action_type``, ``idempotency_key_reused``, …), ``message`` its
+    explanation, ``status`` the HTTP status (``0`` for a transport error), ``field`` the
+    JSON Pointer of the offending request field when one is to blame (``/payload/to``),
+    ``retry_after`` the seconds of a ``Retry-After`` header, and ``key`` the operation's
+    key when the answer names one.
+    """
 
     def __init__(
         self,
@@ -11,9 +21,13 @@ class OncelyError(Exception):
         status: int,
         field: Optional[str] = None,
         retry_after: Optional[float] = None,
+        *,
         key: Optional[str] = None,
     ) -> None:
-        super().__init__(f"{code}: {message}" + (f" (field {field})" if field else ""))
+        text = f"{code}: {message}"
+        if field:
+            text += f" (field {field})"
+        super().__init__(text)
         self.code = code
         self.message = message
         self.status = status
@@ -21,38 +35,60 @@ class OncelyError(Exception):
         self.retry_after = retry_after
         self.key = key
 
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, "
+            f"status={self.status!r}, field={self.field!r}, retry_after={self.retry_after!r})"
+        )
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # Keep the attributes through pickling (multiprocessing, task queues).
+        args = (self.code, self.message, self.status, self.field, self.retry_after)
+        state: Dict[str, Any] = dict(self.__dict__)
+        return (type(self), args, state)
+
 
 class InvalidRequest(OncelyError):
-    """400: bad input; ``field`` is a JSON Pointer into the request body."""
+    """400: bad input (``malformed_json``, ``invalid_request``, ``schema_violation``);
+    ``field`` is a JSON Pointer into the request body."""
 
 
 class Unauthorized(OncelyError):
-    """401: no or unknown token."""
+    """401: no token, or an unknown one."""
 
 
 class Forbidden(OncelyError):
-    """403: the token may not enqueue this action type."""
+    """403 ``forbidden_action_type``: the token may not enqueue this action type."""
 
 
 class NotFound(OncelyError):
-    """404: no such operation for this tenant (or no such action type)."""
+    """404: no such operation for this tenant (a key of another tenant answers the
+    same), or ``unknown_action_type``."""
 
 
 class RequestInProgress(OncelyError):
-    """409: the first request with this Idempotency-Key is still being recorded."""
+    """409 ``request_in_progress``: the first request with this ``Idempotency-Key`` is
+    still being recorded; try again shortly."""
 
 
 class PayloadTooLarge(OncelyError):
-    """413: the body is over the gateway's limit."""
+    """413 ``payload_too_large``: the body is over the gateway's limit."""
 
 
 class Unavailable(OncelyError):
-    """503 (or a transport error, code ``transport``): retry after ``retry_after``
-    seconds. Retrying ``enqueue`` is always safe. With code ``broker_unavailable`` the
-    action is already recorded (``key``) and will run once RabbitMQ is back."""
+    """503 (``database_unavailable``, ``broker_unavailable``; ``retry_after`` seconds
+    from the ``Retry-After`` header), or a transport failure: code ``transport``,
+    status ``0``, the httpx exception chained as ``__cause__``.
+
+    Retrying ``enqueue`` after it is always safe: the key comes from the business
+    identity, so a retry is at worst a ``Duplicate``, never a second effect. With code
+    ``broker_unavailable`` the action is already recorded (``key``) and will be
+    published when the broker is back.
+    """
 
 
-BY_STATUS = {
+#: The exception class for each HTTP status; any other status raises OncelyError.
+BY_STATUS: Dict[int, Type[OncelyError]] = {
     400: InvalidRequest,
     401: Unauthorized,
     403: Forbidden,
