@@ -220,11 +220,6 @@ impl Service {
         self.tokens.authenticate(bearer_token)
     }
 
-    /// The config.
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
     /// The current producer.
     pub async fn producer(&self) -> Arc<Producer> {
         self.producer.read().await.clone()
