@@ -12,7 +12,7 @@ use oncely_core::db::{self, PoolSettings};
 use oncely_core::journal::{Journal, Latencies};
 use oncely_core::status::Status;
 use oncely_core::topology::{self, Topology};
-use oncely_core::{Intent, KeySecret};
+use oncely_core::{Intent, KeyRing};
 use oncely_producer::{Enqueued, Producer};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -242,7 +242,7 @@ async fn measure(
     }
     wait_consuming(&channel, &topo, spec.workers, &mut res.workers).await?;
 
-    let secret = KeySecret::new(env.secret.clone().into_bytes())?;
+    let secret = KeyRing::new(env.secret.clone().into_bytes())?;
     let producer = Arc::new(Producer::connect(&config, secret).await?);
     let intents = env.workload.intents(n);
     let gateway = if spec.gateway {

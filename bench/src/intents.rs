@@ -1,7 +1,7 @@
 //! The workload: a mix of the three action types, shaped like the demo's intents, so
 //! every measurement carries the bytes a real envelope has.
 
-use oncely_core::{Envelope, Intent, KeySecret};
+use oncely_core::{Envelope, Intent, KeyRing};
 use serde_json::{Value, json};
 
 /// The action types of the mix, in rotation.
@@ -25,7 +25,7 @@ impl Workload {
 
     /// The workload whose mean envelope is about `target` bytes (never below the
     /// natural size: envelopes are not truncated).
-    pub fn sized(target: usize, secret: &KeySecret) -> anyhow::Result<Workload> {
+    pub fn sized(target: usize, secret: &KeyRing) -> anyhow::Result<Workload> {
         let natural = Workload::natural().mean_bytes(secret, 300)?;
         if target as f64 <= natural {
             return Ok(Workload::natural());
@@ -88,12 +88,12 @@ impl Workload {
     }
 
     /// Intents `0..n`, keyed and hashed.
-    pub fn envelopes(&self, n: usize, secret: &KeySecret) -> anyhow::Result<Vec<Envelope>> {
+    pub fn envelopes(&self, n: usize, secret: &KeyRing) -> anyhow::Result<Vec<Envelope>> {
         (0..n).map(|i| Ok(self.intent(i).seal(secret)?)).collect()
     }
 
     /// Mean size of the first `n` envelopes as message bytes.
-    pub fn mean_bytes(&self, secret: &KeySecret, n: usize) -> anyhow::Result<f64> {
+    pub fn mean_bytes(&self, secret: &KeyRing, n: usize) -> anyhow::Result<f64> {
         let envs = self.envelopes(n.max(1), secret)?;
         Ok(envs.iter().map(|e| e.to_bytes().len()).sum::<usize>() as f64 / envs.len() as f64)
     }

@@ -28,7 +28,7 @@ pub mod sys;
 
 use fleet::{FleetEnv, FleetResult, FleetSpec};
 use intents::{ACTIONS, Workload};
-use oncely_core::KeySecret;
+use oncely_core::KeyRing;
 use oncely_core::config::BrokerConfig;
 use oncely_core::db;
 use oncely_core::topology::{self, Topology};
@@ -248,7 +248,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let services = report::Services::probe(&args.database_url, &args.amqp_url).await?;
     let run_id = format!("{}_{}", std::process::id(), started.timestamp());
     let secret_text = format!("oncely-bench-secret-{run_id}");
-    let secret = KeySecret::new(secret_text.clone().into_bytes())?;
+    let secret = KeyRing::new(secret_text.clone().into_bytes())?;
     let workload = match s.message_bytes {
         Some(t) => Workload::sized(t, &secret)?,
         None => Workload::natural(),

@@ -11,7 +11,7 @@
 //! never echoes the payload.
 
 use crate::identity::{BusinessIdentity, IdentityError};
-use crate::keys::{IdempotencyKey, KeyError, KeySecret, PayloadHash};
+use crate::keys::{IdempotencyKey, KeyError, KeyRing, PayloadHash};
 use serde_json::{Map, Value};
 
 /// The envelope schema name this version writes and accepts.
@@ -76,7 +76,9 @@ pub enum EnvelopeError {
     #[error(transparent)]
     Key(#[from] KeyError),
     /// The key is not the HMAC of the identity (forged, or another secret).
-    #[error("idempotency_key does not match the business identity under this fleet's secret")]
+    #[error(
+        "idempotency_key does not match the business identity under any secret of this fleet's key ring"
+    )]
     KeyMismatch,
     /// The payload hash is not the hash of the payload.
     #[error("payload_hash does not match the payload")]
@@ -147,7 +149,7 @@ impl Intent {
     }
 
     /// Compute key and payload hash: the intent becomes a sendable envelope.
-    pub fn seal(self, secret: &KeySecret) -> Result<Envelope, EnvelopeError> {
+    pub fn seal(self, secret: &KeyRing) -> Result<Envelope, EnvelopeError> {
         let payload_hash = PayloadHash::of(&Value::Object(self.payload.clone()))?;
         let key = secret.key_for(&self.identity);
         Ok(Envelope {
@@ -196,14 +198,14 @@ impl Envelope {
     }
 
     /// Parse and check untrusted message bytes. With `secret`, the key must be the HMAC
-    /// of the identity; without it (a worker that does not hold the secret) only its
+    /// of the identity under one of the ring's secrets (current or verify-only); without it (a worker that does not hold the secret) only its
     /// format is checked. The payload hash is always recomputed and compared. Over 60
     /// lines because it is one check per envelope field, in the envelope's order, each
     /// with its own error.
     pub fn parse(
         bytes: &[u8],
         max_bytes: usize,
-        secret: Option<&KeySecret>,
+        secret: Option<&KeyRing>,
     ) -> Result<Self, EnvelopeError> {
         if bytes.len() > max_bytes {
             return Err(EnvelopeError::TooLarge {
@@ -248,7 +250,7 @@ impl Envelope {
         };
         let intent = Intent::from_json(value)?;
         if let Some(secret) = secret
-            && secret.key_for(&intent.identity) != key
+            && secret.verify(&intent.identity, &key).is_none()
         {
             return Err(EnvelopeError::KeyMismatch);
         }
@@ -273,8 +275,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn secret() -> KeySecret {
-        KeySecret::new(b"test-secret-do-not-use".to_vec()).expect("secret")
+    fn secret() -> KeyRing {
+        KeyRing::new(b"test-secret-do-not-use".to_vec()).expect("secret")
     }
 
     fn sample() -> Value {
@@ -363,7 +365,7 @@ mod tests {
             .expect("intent")
             .seal(&secret())
             .expect("seal");
-        let other = KeySecret::new(b"another".to_vec()).expect("secret");
+        let other = KeyRing::new(b"another".to_vec()).expect("secret");
         assert!(matches!(
             Envelope::parse(&env.to_bytes(), 4096, Some(&other)),
             Err(EnvelopeError::KeyMismatch)

@@ -7,6 +7,7 @@
 //! - [`intent`]: intents and the `oncely.intent.v1` envelope, parsed at the edge.
 //! - [`metrics`]: metric names and the exporter.
 //! - [`publish`]: publishing with confirms (a returned message is a failure).
+//! - [`sealing`]: payloads encrypted at rest (AES-256-GCM data keys).
 //! - [`status`]: the status set and the one transition table.
 //! - [`config`]: policies and providers (TOML + env overrides).
 //! - [`db`]: connecting, creating and migrating the database.
@@ -24,11 +25,13 @@ pub mod keys;
 pub mod metrics;
 pub mod publish;
 pub mod schema;
+pub mod sealing;
 pub mod status;
 pub mod telemetry;
 pub mod topology;
 
 pub use identity::{ActionType, BusinessIdentity};
 pub use intent::{Envelope, Intent};
-pub use keys::{IdempotencyKey, KeySecret, PayloadHash};
+pub use keys::{IdempotencyKey, KeyRing, PayloadHash};
+pub use sealing::DataKeys;
 pub use status::Status;

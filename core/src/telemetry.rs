@@ -4,7 +4,7 @@
 //! `ONCELY_LOG_FORMAT=json`; human-readable when it is a terminal or
 //! `ONCELY_LOG_FORMAT=pretty`. `RUST_LOG` filters (default `info`). Logs carry keys,
 //! action types, workflows and attempts — never payloads or secrets: no code path
-//! formats a payload or a [`crate::KeySecret`] into a log line.
+//! formats a payload or a [`crate::KeyRing`] into a log line.
 
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;

@@ -5,12 +5,12 @@
 
 use oncely_core::canonical::canonical_string;
 use oncely_core::intent::{DEFAULT_MAX_ENVELOPE_BYTES, Envelope, Intent};
-use oncely_core::{BusinessIdentity, KeySecret, PayloadHash};
+use oncely_core::{BusinessIdentity, KeyRing, PayloadHash};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-fn secret() -> KeySecret {
-    KeySecret::new(b"test-secret-do-not-use".to_vec()).expect("secret")
+fn secret() -> KeyRing {
+    KeyRing::new(b"test-secret-do-not-use".to_vec()).expect("secret")
 }
 
 fn text() -> impl Strategy<Value = String> {

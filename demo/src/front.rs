@@ -1,7 +1,7 @@
 //! The demo's front door: the same kind of mix through the gateway's HTTP API, and an
 //! MCP session that calls one tool five times — all of it must end in one effect per key.
 
-use oncely_core::KeySecret;
+use oncely_core::KeyRing;
 use oncely_core::config::Config;
 use oncely_gateway::tokens::{Tokens, hash_hex};
 use oncely_sandbox::http::Conn;
@@ -31,7 +31,7 @@ pub struct FrontDoor {
 }
 
 /// Start an in-process gateway; returns its address.
-pub async fn start(config: &Config, secret: &KeySecret) -> anyhow::Result<std::net::SocketAddr> {
+pub async fn start(config: &Config, secret: &KeyRing) -> anyhow::Result<std::net::SocketAddr> {
     let known = config.actions.keys().cloned().collect();
     let tokens = Tokens::parse(
         &format!(

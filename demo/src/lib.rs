@@ -12,7 +12,7 @@ use oncely_core::db::{self, PoolSettings};
 use oncely_core::journal::Journal;
 use oncely_core::publish::Publisher;
 use oncely_core::status::Status;
-use oncely_core::{Intent, KeySecret};
+use oncely_core::{Intent, KeyRing};
 use oncely_producer::{Enqueued, Producer};
 use oncely_worker::context::Context;
 use oncely_worker::shutdown::Shutdown;
@@ -97,7 +97,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             "properties": {"to": {"type": "string"}, "subject": {"type": "string"}}}));
     }
     let pool = db::prepare(&db_url, &PoolSettings::default()).await?;
-    let secret = KeySecret::new(format!("demo-secret-{run_id}").into_bytes())?;
+    let secret = KeyRing::new(format!("demo-secret-{run_id}").into_bytes())?;
 
     let (trigger, shutdown) = Shutdown::new();
     let mut workers = Vec::new();

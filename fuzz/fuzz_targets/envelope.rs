@@ -6,10 +6,10 @@
 use libfuzzer_sys::fuzz_target;
 use oncely_core::canonical::canonical_string;
 use oncely_core::intent::Envelope;
-use oncely_core::KeySecret;
+use oncely_core::KeyRing;
 
 fuzz_target!(|data: &[u8]| {
-    let secret = KeySecret::new(b"fuzz-secret".to_vec()).expect("secret");
+    let secret = KeyRing::new(b"fuzz-secret".to_vec()).expect("secret");
     for s in [Some(&secret), None] {
         if let Ok(env) = Envelope::parse(data, 1 << 20, s) {
             let again = Envelope::parse(&env.to_bytes(), 1 << 20, s).expect("a parsed envelope re-parses");

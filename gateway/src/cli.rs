@@ -3,7 +3,7 @@
 use crate::service::Service;
 use crate::tokens::{self, Tokens};
 use clap::{Parser, Subcommand};
-use oncely_core::KeySecret;
+use oncely_core::KeyRing;
 use oncely_core::config::{Config, parse_duration};
 use std::io::Read;
 use std::net::SocketAddr;
@@ -18,7 +18,8 @@ use std::time::Duration;
     about,
     long_about = "The agents' front door: an HTTP API (POST /v1/actions/{action_type}) and an MCP tool server \
 (/mcp, or stdio) in front of oncely. Agents hold a bearer token, never the fleet's HMAC secret.\n\n\
-The key secret comes from ONCELY_KEY_SECRET_FILE (a file) or ONCELY_KEY_SECRET; Postgres from DATABASE_URL; \
+The key secret comes from ONCELY_KEY_SECRETS_FILE (a key ring), ONCELY_KEY_SECRET_FILE (a file) or ONCELY_KEY_SECRET; \
+payloads are sealed with ONCELY_DATA_KEYS_FILE's current key when set (docs/security.md); Postgres from DATABASE_URL; \
 RabbitMQ from ONCELY_AMQP_URL; the action types (and their payload schemas) from the config. \
 See docs/gateway.md and docs/mcp.md."
 )]
@@ -168,8 +169,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
-fn secret() -> anyhow::Result<KeySecret> {
-    KeySecret::from_env().map_err(|e| anyhow::anyhow!("{e}"))
+fn secret() -> anyhow::Result<KeyRing> {
+    KeyRing::from_env().map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 fn load_tokens(config: &Config, path: &std::path::Path) -> anyhow::Result<Tokens> {

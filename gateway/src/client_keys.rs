@@ -42,13 +42,15 @@ pub fn fingerprint(key: &str, payload_hash: &str) -> String {
     ))
 }
 
-/// Claim the header value for this request.
+/// Claim the header value for this request, whose fingerprints (one per secret of the
+/// key ring, the current one first) are `fingerprints`.
 pub async fn begin(
     pool: &PgPool,
     tenant: &str,
     client_key: &str,
-    fingerprint: &str,
+    fingerprints: &[String],
 ) -> Result<Begin, sqlx::Error> {
+    let fingerprint = fingerprints.first().map_or("", String::as_str);
     let took: Option<bool> = sqlx::query_scalar(
         "INSERT INTO gateway_requests (tenant, client_key, fingerprint, state) \
          VALUES ($1, $2, $3, 'recording') \
@@ -77,7 +79,7 @@ pub async fn begin(
     Ok(match row {
         // Deleted by the TTL between the two statements: as good as new, not held.
         None => Begin::Proceed { owner: false },
-        Some((f, _)) if f != fingerprint => Begin::Reused,
+        Some((f, _)) if !fingerprints.contains(&f) => Begin::Reused,
         Some((_, state)) if state == "recording" => Begin::InProgress,
         Some(_) => Begin::Proceed { owner: false },
     })

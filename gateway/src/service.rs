@@ -8,7 +8,7 @@ use oncely_core::config::Config;
 use oncely_core::intent::EnvelopeError;
 use oncely_core::journal::{JournalError, Operation};
 use oncely_core::schema::{self, PayloadSchemas};
-use oncely_core::{IdempotencyKey, Intent, KeySecret, Status};
+use oncely_core::{IdempotencyKey, Intent, KeyRing, Status};
 use oncely_producer::{Enqueued, Producer, ProducerError};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -181,7 +181,7 @@ fn journal_error(e: JournalError) -> ApiError {
 pub struct Service {
     me: Weak<Self>,
     config: Arc<Config>,
-    secret: KeySecret,
+    secret: KeyRing,
     tokens: Tokens,
     schemas: PayloadSchemas,
     producer: RwLock<Arc<Producer>>,
@@ -194,7 +194,7 @@ impl Service {
     /// Connect the producer and build the service.
     pub async fn connect(
         config: Config,
-        secret: KeySecret,
+        secret: KeyRing,
         tokens: Tokens,
     ) -> anyhow::Result<Arc<Self>> {
         let schemas = PayloadSchemas::from_config(&config).map_err(anyhow::Error::msg)?;
@@ -314,8 +314,15 @@ impl Service {
         let owner = match client_key {
             None => false,
             Some(ck) => {
-                let fp = client_keys::fingerprint(&key, envelope.payload_hash.as_str());
-                match client_keys::begin(&pool, &caller.tenant, ck, &fp)
+                // One fingerprint per secret of the key ring (the current one first): a
+                // request first seen before a rotation is still the same request after it.
+                let fps: Vec<String> = self
+                    .secret
+                    .all_keys_for(&intent.identity)
+                    .iter()
+                    .map(|k| client_keys::fingerprint(k.as_str(), envelope.payload_hash.as_str()))
+                    .collect();
+                match client_keys::begin(&pool, &caller.tenant, ck, &fps)
                     .await
                     .map_err(|e| journal_error(e.into()))?
                 {

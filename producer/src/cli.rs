@@ -6,7 +6,7 @@
 use crate::{Enqueued, Producer};
 use clap::{Parser, Subcommand};
 use oncely_core::config::Config;
-use oncely_core::{IdempotencyKey, Intent, KeySecret};
+use oncely_core::{IdempotencyKey, Intent, KeyRing};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
@@ -20,7 +20,8 @@ use std::path::PathBuf;
 An intent is a JSON object: {\"action_type\": \"email.send\", \"workflow_id\": \"case-1842\", \"step\": \"send_approval_notice\", \
 \"business_object\": \"application-731\", \"revision\": 2, \"tenant\": null, \"payload\": {...}}. The idempotency key is derived from \
 everything but the payload, so the same intent always gets the same key.\n\n\
-The key secret comes from ONCELY_KEY_SECRET_FILE (a file) or ONCELY_KEY_SECRET. Postgres from DATABASE_URL, RabbitMQ from ONCELY_AMQP_URL."
+The key secret comes from ONCELY_KEY_SECRETS_FILE (a key ring), ONCELY_KEY_SECRET_FILE (a file) or ONCELY_KEY_SECRET; \
+payloads are sealed with the current key of ONCELY_DATA_KEYS_FILE when it is set (docs/security.md). Postgres from DATABASE_URL, RabbitMQ from ONCELY_AMQP_URL."
 )]
 pub struct Cli {
     /// Config file (TOML); default: the built-in config (sandbox providers on localhost).
@@ -84,7 +85,7 @@ fn read_input(file: &Option<PathBuf>) -> anyhow::Result<Vec<u8>> {
 
 /// Run the CLI; returns the process exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
-    let secret = || KeySecret::from_env().map_err(|e| anyhow::anyhow!("{e}"));
+    let secret = || KeyRing::from_env().map_err(|e| anyhow::anyhow!("{e}"));
     match cli.command {
         Command::Key { file } => {
             let intent = match Intent::from_slice(&read_input(&file)?) {

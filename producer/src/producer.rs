@@ -6,7 +6,7 @@ use oncely_core::journal::{Journal, JournalError, Operation, Recorded};
 use oncely_core::metrics as m;
 use oncely_core::publish::{Pending, PublishError, PublishOptions, Publisher};
 use oncely_core::topology::{self, Topology};
-use oncely_core::{Envelope, IdempotencyKey, Intent, KeySecret, Status};
+use oncely_core::{DataKeys, Envelope, IdempotencyKey, Intent, KeyRing, Status};
 use serde::Serialize;
 use serde_json::Value;
 use std::time::Duration;
@@ -67,7 +67,7 @@ pub struct Producer {
     journal: Journal,
     publisher: Publisher,
     topology: Topology,
-    secret: KeySecret,
+    secret: KeyRing,
     actor: String,
     watcher: tokio::sync::OnceCell<crate::OutcomeWatcher>,
     conn: lapin::Connection,
@@ -75,8 +75,20 @@ pub struct Producer {
 
 impl Producer {
     /// Connect to Postgres (migrated by `oncely-worker migrate` to this version: checked)
-    /// and RabbitMQ, and declare the topology for the configured actions.
-    pub async fn connect(config: &Config, secret: KeySecret) -> Result<Self, ProducerError> {
+    /// and RabbitMQ, and declare the topology for the configured actions. Payloads are
+    /// sealed with the data keys of `ONCELY_DATA_KEYS_FILE` when it is set (see
+    /// [`Producer::connect_with_data_keys`]).
+    pub async fn connect(config: &Config, secret: KeyRing) -> Result<Self, ProducerError> {
+        let data_keys = DataKeys::from_env().map_err(|e| ProducerError::Connect(e.to_string()))?;
+        Self::connect_with_data_keys(config, secret, data_keys).await
+    }
+
+    /// [`Producer::connect`] with the data keys given (`None`: payloads in plain text).
+    pub async fn connect_with_data_keys(
+        config: &Config,
+        secret: KeyRing,
+        data_keys: Option<DataKeys>,
+    ) -> Result<Self, ProducerError> {
         let pool = oncely_core::db::connect_checked(
             &config.database_url,
             &oncely_core::db::PoolSettings::default(),
@@ -101,7 +113,7 @@ impl Producer {
             .await
             .map_err(|e| ProducerError::Connect(format!("declaring topology: {e}")))?;
         Ok(Self {
-            journal: Journal::new(pool),
+            journal: Journal::new(pool).with_data_keys(data_keys),
             publisher,
             topology,
             secret,
@@ -190,6 +202,15 @@ impl Producer {
                 },
             }));
             if publish {
+                // A duplicate is published under its row's key (it differs from the
+                // envelope's when the intent was recorded under another secret of the ring).
+                let env = match &results[*i] {
+                    Some(Ok(Enqueued::Duplicate { key, .. })) if key != &env.key => &Envelope {
+                        key: key.clone(),
+                        ..env.clone()
+                    },
+                    _ => env,
+                };
                 match self.publish_envelope(env).await {
                     Ok(p) => pending.push((*i, env.key.clone(), p)),
                     Err(e) => results[*i] = Some(Err(e)),

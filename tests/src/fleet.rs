@@ -6,7 +6,7 @@ use crate::{TestDb, unique_name};
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
-use oncely_core::KeySecret;
+use oncely_core::KeyRing;
 use oncely_core::config::{Config, ProviderConfig, ReconcilerConfig, WorkerConfig, parse_duration};
 use oncely_core::topology::Topology;
 use std::path::{Path, PathBuf};
@@ -19,8 +19,8 @@ use tokio::process::{Child, Command};
 pub const SECRET: &str = "test-secret-do-not-use";
 
 /// The test key secret.
-pub fn secret() -> KeySecret {
-    KeySecret::new(SECRET.as_bytes().to_vec()).unwrap_or_else(|e| panic!("{e}"))
+pub fn secret() -> KeyRing {
+    KeyRing::new(SECRET.as_bytes().to_vec()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Path of a workspace binary next to the test executable (`target/<profile>/NAME`),

@@ -151,7 +151,7 @@ pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
         },
     )
     .await?;
-    let journal = Journal::new(pool);
+    let journal = Journal::new(pool).with_data_keys(oncely_core::DataKeys::from_env()?);
     match cmd {
         AdminCommand::Ops(OpsCommand::List(a)) => ops_list(&journal, a).await,
         AdminCommand::Ops(OpsCommand::Show { key, payload, json }) => {
@@ -238,7 +238,19 @@ async fn ops_show(journal: &Journal, key: &str, payload: bool, json: bool) -> an
     };
     let events = journal.events(&key).await?;
     let reviews = journal.reviews_of(&key).await?;
-    let shown_payload = if payload { op.payload.take() } else { None };
+    let shown_payload = if payload {
+        match op.open_payload(journal.data_keys()) {
+            Ok(p) => Some(serde_json::Value::Object(p)),
+            Err(oncely_core::journal::PayloadUnavailable::Missing) => None,
+            Err(e) => {
+                eprintln!("payload not shown: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    op.payload = None;
     if json {
         let mut v = serde_json::json!({"operation": op, "events": events, "reviews": reviews});
         if let Some(p) = shown_payload {

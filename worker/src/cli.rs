@@ -3,7 +3,7 @@
 use crate::context::Context;
 use crate::shutdown::Shutdown;
 use clap::{Parser, Subcommand};
-use oncely_core::KeySecret;
+use oncely_core::KeyRing;
 use oncely_core::config::Config;
 use oncely_core::db::{self, PoolSettings};
 use oncely_core::journal::Journal;
@@ -18,7 +18,8 @@ use std::path::PathBuf;
     about,
     long_about = "oncely workers: execute AI agents' actions once, settle the unknowns.\n\n\
 Postgres comes from DATABASE_URL (or `database_url` in the config), RabbitMQ from ONCELY_AMQP_URL, the key secret from \
-ONCELY_KEY_SECRET_FILE or ONCELY_KEY_SECRET (without it, keys are checked for format only). Logs: RUST_LOG, ONCELY_LOG_FORMAT=json|pretty."
+ONCELY_KEY_SECRETS_FILE (a key ring), ONCELY_KEY_SECRET_FILE or ONCELY_KEY_SECRET (without one, keys are checked for format only); \
+data keys for sealing payloads from ONCELY_DATA_KEYS_FILE (without it, payloads are stored in plain text). See docs/security.md. Logs: RUST_LOG, ONCELY_LOG_FORMAT=json|pretty."
 )]
 pub struct Cli {
     /// Config file (TOML); default: the built-in config (sandbox providers on localhost:8085).
@@ -94,7 +95,7 @@ pub async fn context(config: Config, role: &str) -> anyhow::Result<Context> {
             Err(e) => return Err(e.into()),
         }
     };
-    let secret = match KeySecret::from_env() {
+    let secret = match KeyRing::from_env() {
         Ok(s) => Some(s),
         Err(oncely_core::keys::KeyError::MissingSecret) => {
             tracing::warn!(
@@ -104,7 +105,25 @@ pub async fn context(config: Config, role: &str) -> anyhow::Result<Context> {
         }
         Err(e) => return Err(e.into()),
     };
-    Context::new(config, Journal::new(pool), secret, role)
+    if let Some(s) = &secret {
+        tracing::info!(current = s.current_id(), verify_only = ?s.verify_only_ids().collect::<Vec<_>>(), "key ring");
+    }
+    let data_keys = oncely_core::DataKeys::from_env()?;
+    match &data_keys {
+        Some(k) => tracing::info!(
+            current = k.current_id(),
+            "payloads are sealed (AES-256-GCM)"
+        ),
+        None => tracing::warn!(
+            "ONCELY_DATA_KEYS_FILE is not set: payloads of live operations are stored in plain text"
+        ),
+    }
+    Context::new(
+        config,
+        Journal::new(pool).with_data_keys(data_keys),
+        secret,
+        role,
+    )
 }
 
 /// Run the CLI.

@@ -4,7 +4,7 @@ use crate::provider::{self, Provider};
 use oncely_core::config::{ActionPolicy, Config};
 use oncely_core::journal::Journal;
 use oncely_core::topology::Topology;
-use oncely_core::{ActionType, KeySecret};
+use oncely_core::{ActionType, KeyRing};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ pub struct Context {
     /// Providers by name.
     pub providers: Arc<BTreeMap<String, Arc<dyn Provider>>>,
     /// The key secret, when this process holds it (then keys are verified).
-    pub secret: Option<KeySecret>,
+    pub secret: Option<KeyRing>,
     /// Broker names.
     pub topology: Topology,
     /// This process's identity: the lease owner and the event actor.
@@ -32,7 +32,7 @@ impl Context {
     pub fn new(
         config: Config,
         journal: Journal,
-        secret: Option<KeySecret>,
+        secret: Option<KeyRing>,
         role: &str,
     ) -> anyhow::Result<Self> {
         let providers = provider::build_used(&config)?;

@@ -167,11 +167,11 @@ pub async fn publish_one(publisher: &Publisher, topology: &Topology, ev: &Outcom
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oncely_core::{Intent, KeySecret};
+    use oncely_core::{Intent, KeyRing};
     use serde_json::json;
 
     fn env() -> Envelope {
-        let secret = KeySecret::new(b"test-secret-do-not-use".to_vec()).expect("secret");
+        let secret = KeyRing::new(b"test-secret-do-not-use".to_vec()).expect("secret");
         Intent::from_json(json!({
             "action_type": "email.send", "workflow_id": "case-1", "step": "s",
             "business_object": "o", "revision": 1, "payload": {"to": "a@example.test"}

@@ -227,7 +227,10 @@ fn route<'c>(
     if policy.on_unknown == OnUnknown::Review {
         return Err("policy_requires_review");
     }
-    let env = op.envelope().ok_or("payload_missing")?;
+    let env = ctx.journal.envelope_of(op).map_err(|e| {
+        tracing::error!(key = %op.key, error = %e, "the payload cannot be had; a person decides");
+        e.reason()
+    })?;
     Ok((policy, provider, env))
 }
 
@@ -423,7 +426,17 @@ async fn sweep_once(
     full |= republish.len() as i64 == rc.batch;
     let mut pending = Vec::with_capacity(republish.len());
     for op in &republish {
-        let Some(env) = op.envelope() else { continue };
+        let env = match ctx.journal.envelope_of(op) {
+            Ok(env) => env,
+            Err(e) => {
+                // Planned or failed_retryable: no review can be opened from here (only
+                // unknown operations go to one); the operator adds the data key back.
+                metrics::counter!(m::SWEEPER_ACTIONS, "action" => "payload_unavailable")
+                    .increment(1);
+                tracing::error!(key = %op.key, status = %op.status, reason = e.reason(), error = %e, "cannot republish: the payload cannot be opened");
+                continue;
+            }
+        };
         let label = if op.status == Status::Planned {
             "republished_planned"
         } else {

@@ -19,6 +19,12 @@
 //! means a worker may have died mid-call, which is an *unknown*, and only the sweeper
 //! (via `unknown` and the reconciler) may move it on.
 //!
+//! A delivery keyed with another secret of the key ring than the row's (the intent was
+//! recorded before a rotation, and repeated after it) makes the insert meet the
+//! business-identity index instead of the key: the statement fails before anything is
+//! committed, and the batch is claimed again with such deliveries re-keyed to their
+//! rows' keys ([`Journal::claim_with`]) — the same operation, never a second one.
+//!
 //! A row that a purge deletes between the statement and the read of the rows it did not
 //! claim is claimed again, like a delivery arriving after the purge (the rule is written
 //! once, at [`super::record::PURGE_RACE_ROUNDS`]).
@@ -123,6 +129,48 @@ impl Journal {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
+        match self.claim_rounds(requests, owner, &mut between).await {
+            Err(e) if e.is_identity_clash() => {
+                // Some delivery's identity is recorded under another key (an older or
+                // newer secret of the ring): claim those rows, under their own keys.
+                let rows = self
+                    .rows_by_identity(requests.iter().map(|r| r.envelope))
+                    .await?;
+                let rekeyed: Vec<Envelope> = requests
+                    .iter()
+                    .map(|r| match rows.get(r.envelope.key.as_str()) {
+                        Some(op) => Envelope {
+                            key: op.key.clone(),
+                            ..r.envelope.clone()
+                        },
+                        None => r.envelope.clone(),
+                    })
+                    .collect();
+                let again: Vec<ClaimRequest<'_>> = rekeyed
+                    .iter()
+                    .zip(requests)
+                    .map(|(envelope, r)| ClaimRequest {
+                        envelope,
+                        lease: r.lease,
+                    })
+                    .collect();
+                self.claim_rounds(&again, owner, &mut between).await
+            }
+            other => other,
+        }
+    }
+
+    /// The claim proper: [`PURGE_RACE_ROUNDS`] rounds of statement and read.
+    async fn claim_rounds<F, Fut>(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        owner: &str,
+        between: &mut F,
+    ) -> Result<Vec<ClaimOutcome>, JournalError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         debug_assert!(transition(Some(Status::Planned), Status::Executing) == Some(Move::Claim));
         debug_assert!(
             transition(Some(Status::FailedRetryable), Status::Executing) == Some(Move::Claim)
@@ -167,7 +215,8 @@ impl Journal {
         todo: &[usize],
         owner: &str,
     ) -> Result<HashMap<usize, Claim>, JournalError> {
-        let (cols, first, order) = Columns::first_of_each_key(todo, |i| requests[i].envelope);
+        let (cols, first, order) =
+            Columns::first_of_each_key(todo, |i| requests[i].envelope, self.data_keys());
         let leases: Vec<f64> = order
             .iter()
             .map(|&i| requests[i].lease.as_secs_f64())
@@ -177,10 +226,10 @@ impl Journal {
         let rows = bind_columns!(sqlx::query(
             "INSERT INTO agent_operations AS o (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
                  revision, payload_hash, payload, status, attempt_count, lease_until, lease_owner, first_attempt_at, \
-                 last_actor, last_reason) \
-             SELECT k, a, t, w, s, b, r, h, p::jsonb, 'executing', 1, now() + make_interval(secs => l), $11, now(), $11, 'claim' \
+                 last_actor, last_reason, payload_sealed, payload_key_id) \
+             SELECT k, a, t, w, s, b, r, h, p::jsonb, 'executing', 1, now() + make_interval(secs => l), $13, now(), $13, 'claim', ps, pk \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
-                         $8::text[], $9::text[], $10::float8[]) AS x(k, a, t, w, s, b, r, h, p, l) \
+                         $8::text[], $9::text[], $10::bytea[], $11::text[], $12::float8[]) AS x(k, a, t, w, s, b, r, h, p, ps, pk, l) \
              ORDER BY k \
              ON CONFLICT (idempotency_key) DO UPDATE SET \
                  status = 'executing', attempt_count = o.attempt_count + 1, lease_until = EXCLUDED.lease_until, \

@@ -289,6 +289,8 @@ impl Journal {
                  lease_until = CASE WHEN c.delay IS NULL THEN NULL ELSE now() + make_interval(secs => c.delay) END, \
                  lease_owner = NULL, \
                  payload = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload END, \
+                 payload_sealed = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_sealed END, \
+                 payload_key_id = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_key_id END, \
                  last_actor = $9, \
                  last_reason = CASE WHEN o.status = c.expected THEN c.reason ELSE $12 END, \
                  updated_at = now() \

@@ -34,7 +34,7 @@ pub mod sweep;
 
 pub use claim::{Claim, ClaimOutcome, ClaimRequest, NotClaimed};
 pub use complete::{Applied, Completion, LATE_REASON, Verdict};
-pub use operation::{Event, JournalError, Operation};
+pub use operation::{Event, JournalError, Operation, PayloadUnavailable};
 pub use record::Recorded;
 pub use review::{Resolution, ResolveError, Review};
 pub use statement::{StatementCandidate, StatementVerdict};
@@ -47,12 +47,37 @@ use sqlx::PgPool;
 #[derive(Debug, Clone)]
 pub struct Journal {
     pool: PgPool,
+    data_keys: Option<std::sync::Arc<crate::sealing::DataKeys>>,
 }
 
 impl Journal {
-    /// A journal over a connected, migrated pool.
+    /// A journal over a connected, migrated pool; payloads are stored in plain text
+    /// unless [`Journal::with_data_keys`] gives it keys.
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            data_keys: None,
+        }
+    }
+
+    /// Seal the payloads this journal writes with the current data key (and open them
+    /// with any of the keys); `None` keeps them in plain text.
+    pub fn with_data_keys(mut self, keys: Option<crate::sealing::DataKeys>) -> Self {
+        self.data_keys = keys.map(std::sync::Arc::new);
+        self
+    }
+
+    /// The data keys, when payloads are sealed.
+    pub fn data_keys(&self) -> Option<&crate::sealing::DataKeys> {
+        self.data_keys.as_deref()
+    }
+
+    /// An operation's envelope (its payload opened with this journal's data keys).
+    pub fn envelope_of(
+        &self,
+        op: &Operation,
+    ) -> Result<crate::intent::Envelope, PayloadUnavailable> {
+        op.envelope(self.data_keys())
     }
 
     /// The pool (for health checks and tests).

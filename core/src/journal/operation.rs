@@ -1,6 +1,7 @@
 //! The journal's row type, its event type, and its error.
 
 use crate::keys::IdempotencyKey;
+use crate::sealing::{DataKeys, SealError, Sealed};
 use crate::status::Status;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -27,9 +28,14 @@ pub struct Operation {
     pub revision: i64,
     /// `sha256:…` of the payload.
     pub payload_hash: String,
-    /// The payload, while the operation is live (NULL once terminal).
+    /// The payload in plain text, while the operation is live (NULL once terminal, and
+    /// NULL when the fleet seals payloads: see `sealed_payload`).
     #[serde(skip)]
     pub payload: Option<Value>,
+    /// The sealed payload, while the operation is live, when the fleet seals payloads
+    /// (never serialized: ciphertext is of no use outside the journal).
+    #[serde(skip)]
+    pub sealed_payload: Option<Sealed>,
     /// The status.
     pub status: Status,
     /// Attempts so far (the fencing token).
@@ -78,12 +84,31 @@ pub struct Operation {
 macro_rules! select_operations {
     ($rest:literal) => {
         concat!("SELECT idempotency_key, action_type, tenant, workflow_id, step, business_object, revision, \
-     payload_hash, payload, status, attempt_count, provider_operation_id, result_json, last_error_code, \
+     payload_hash, payload, payload_sealed, payload_key_id, status, attempt_count, provider_operation_id, result_json, last_error_code, \
      lease_until, lease_owner, first_attempt_at, reconcile_checks, last_actor, last_reason, created_at, updated_at, \
      coalesce(lease_until > now(), false) AS lease_live, now() AS read_at FROM agent_operations ", $rest)
     };
 }
 pub(crate) use select_operations;
+
+/// The rows whose business identity is one of `$2…$7` (arrays: workflows, steps,
+/// objects, revisions, action types, tenants) under a key other than the one asked
+/// (`$1`, returned as `asked_key`); the identity index serves it.
+macro_rules! select_operations_by_identity {
+    () => {
+        "SELECT o.idempotency_key, o.action_type, o.tenant, o.workflow_id, o.step, o.business_object, o.revision, \
+     o.payload_hash, o.payload, o.payload_sealed, o.payload_key_id, o.status, o.attempt_count, o.provider_operation_id, \
+     o.result_json, o.last_error_code, o.lease_until, o.lease_owner, o.first_attempt_at, o.reconcile_checks, \
+     o.last_actor, o.last_reason, o.created_at, o.updated_at, \
+     coalesce(o.lease_until > now(), false) AS lease_live, now() AS read_at, x.k AS asked_key \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::text[], $7::text[]) \
+          AS x(k, w, s, b, r, a, t) \
+     JOIN agent_operations o ON o.workflow_id = x.w AND o.step = x.s AND o.business_object = x.b \
+          AND o.revision = x.r AND o.action_type = x.a AND coalesce(o.tenant, '') = coalesce(x.t, '') \
+     WHERE o.idempotency_key <> x.k"
+    };
+}
+pub(crate) use select_operations_by_identity;
 
 fn decode<T: std::fmt::Display>(col: &str, e: T) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
@@ -106,6 +131,13 @@ impl<'r> FromRow<'r, PgRow> for Operation {
             revision: row.try_get("revision")?,
             payload_hash: row.try_get("payload_hash")?,
             payload: row.try_get("payload")?,
+            sealed_payload: match (
+                row.try_get::<Option<Vec<u8>>, _>("payload_sealed")?,
+                row.try_get::<Option<String>, _>("payload_key_id")?,
+            ) {
+                (Some(bytes), Some(key_id)) => Some(Sealed { key_id, bytes }),
+                _ => None,
+            },
             status: status.parse().map_err(|e| decode("status", e))?,
             attempt_count: row.try_get("attempt_count")?,
             provider_operation_id: row.try_get("provider_operation_id")?,
@@ -126,19 +158,37 @@ impl<'r> FromRow<'r, PgRow> for Operation {
 }
 
 impl Operation {
+    /// The payload while it is held: in plain text, or opened with `keys` when sealed.
+    pub fn open_payload(
+        &self,
+        keys: Option<&DataKeys>,
+    ) -> Result<serde_json::Map<String, Value>, PayloadUnavailable> {
+        match (&self.payload, &self.sealed_payload) {
+            (Some(Value::Object(m)), _) => Ok(m.clone()),
+            (_, Some(sealed)) => {
+                let keys = keys.ok_or_else(|| PayloadUnavailable::NoKeys(sealed.key_id.clone()))?;
+                keys.open(self.key.as_str(), sealed)
+                    .map_err(PayloadUnavailable::Sealing)
+            }
+            _ => Err(PayloadUnavailable::Missing),
+        }
+    }
+
     /// Rebuild the envelope to (re)publish, while the payload is still held.
-    pub fn envelope(&self) -> Option<crate::intent::Envelope> {
+    pub fn envelope(
+        &self,
+        keys: Option<&DataKeys>,
+    ) -> Result<crate::intent::Envelope, PayloadUnavailable> {
         use crate::identity::{ActionType, BusinessIdentity};
-        let payload = match &self.payload {
-            Some(serde_json::Value::Object(m)) => m.clone(),
-            _ => return None,
-        };
-        Some(crate::intent::Envelope {
+        let payload = self.open_payload(keys)?;
+        let bad = |_| PayloadUnavailable::Missing;
+        Ok(crate::intent::Envelope {
             key: self.key.clone(),
-            payload_hash: crate::keys::PayloadHash::parse(&self.payload_hash).ok()?,
+            payload_hash: crate::keys::PayloadHash::parse(&self.payload_hash).map_err(bad)?,
             intent: crate::intent::Intent {
                 identity: BusinessIdentity {
-                    action_type: ActionType::parse(&self.action_type).ok()?,
+                    action_type: ActionType::parse(&self.action_type)
+                        .map_err(|_| PayloadUnavailable::Missing)?,
                     tenant: self.tenant.clone(),
                     workflow_id: self.workflow_id.clone(),
                     step: self.step.clone(),
@@ -148,6 +198,33 @@ impl Operation {
                 payload,
             },
         })
+    }
+}
+
+/// Why an operation's payload cannot be had; `reason()` is what a review records.
+#[derive(Debug, thiserror::Error)]
+pub enum PayloadUnavailable {
+    /// The row holds no payload (terminal, or a broken row).
+    #[error("the operation holds no payload")]
+    Missing,
+    /// The payload is sealed and this process holds no data keys.
+    #[error(
+        "the payload is sealed with data key {0:?} and this process has no ONCELY_DATA_KEYS_FILE"
+    )]
+    NoKeys(String),
+    /// The payload does not open (unknown key id, altered).
+    #[error("{0}")]
+    Sealing(SealError),
+}
+
+impl PayloadUnavailable {
+    /// A short code for reviews, logs and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Missing => "payload_missing",
+            Self::NoKeys(_) | Self::Sealing(SealError::UnknownKey(_)) => "payload_key_unknown",
+            Self::Sealing(_) => "payload_unreadable",
+        }
     }
 }
 
@@ -200,7 +277,21 @@ impl JournalError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_))
     }
+
+    /// An insert met the business-identity index: the identity is recorded under
+    /// another key (a rotated secret), or another process is inserting it under one.
+    pub fn is_identity_clash(&self) -> bool {
+        let (Self::Unavailable(sqlx::Error::Database(db))
+        | Self::Database(sqlx::Error::Database(db))) = self
+        else {
+            return false;
+        };
+        db.constraint() == Some(IDENTITY_INDEX)
+    }
 }
+
+/// The unique index over the business identity (see the migration that creates it).
+pub const IDENTITY_INDEX: &str = "agent_operations_identity_idx";
 
 impl From<sqlx::Error> for JournalError {
     fn from(e: sqlx::Error) -> Self {
@@ -218,6 +309,9 @@ impl From<sqlx::Error> for JournalError {
                     || c.starts_with("53")
                     || c == "40001"
                     || c == "40P01"
+                    // Two processes inserting one identity under keys of different
+                    // secrets at once (mid-rotation): the retry meets the winner's row.
+                    || (c == "23505" && db.constraint() == Some(IDENTITY_INDEX))
             }),
             _ => false,
         };

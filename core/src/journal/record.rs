@@ -3,12 +3,16 @@
 //! `INSERT … 'planned' … ON CONFLICT DO NOTHING` for the whole batch in one statement,
 //! then one read of the keys that already existed: the same action type and payload
 //! hash is a *duplicate* (report its status and saved result); anything else is a
-//! *conflict* — an error, never a retry, and the row is left untouched. A row a purge
+//! *conflict* — an error, never a retry, and the row is left untouched. The insert meets
+//! either unique index: the key, or the business identity (a row recorded under another
+//! secret of the key ring, before a rotation); a row found only by its identity is the
+//! operation, reported under its own (older) key. A row a purge
 //! deletes between the two statements is recorded again ([`PURGE_RACE_ROUNDS`]).
 
-use super::operation::{Operation, select_operations};
+use super::operation::{Operation, select_operations, select_operations_by_identity};
 use super::{Journal, JournalError};
 use crate::intent::Envelope;
+use crate::sealing::DataKeys;
 use crate::status::{Move, Status, transition};
 use std::collections::{HashMap, HashSet};
 
@@ -103,18 +107,19 @@ impl Journal {
         todo: &[usize],
         actor: &str,
     ) -> Result<HashSet<usize>, JournalError> {
-        let (cols, first, _) = Columns::first_of_each_key(todo, |i| &envelopes[i]);
+        let (cols, first, _) =
+            Columns::first_of_each_key(todo, |i| &envelopes[i], self.data_keys());
         // `ORDER BY k`: a unique-index insert waits for another transaction's uncommitted
         // row with the same key, so two producers inserting the same keys in opposite
         // orders would wait for each other (deadlock, 40P01) without one fixed order.
         let inserted: Vec<String> = bind_columns!(sqlx::query_scalar(
             "INSERT INTO agent_operations (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
-                 revision, payload_hash, payload, status, last_actor, last_reason) \
-             SELECT k, a, t, w, s, b, r, h, p::jsonb, 'planned', $10, 'recorded' \
+                 revision, payload_hash, payload, status, last_actor, last_reason, payload_sealed, payload_key_id) \
+             SELECT k, a, t, w, s, b, r, h, p::jsonb, 'planned', $12, 'recorded', ps, pk \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
-                         $8::text[], $9::text[]) AS x(k, a, t, w, s, b, r, h, p) \
+                         $8::text[], $9::text[], $10::bytea[], $11::text[]) AS x(k, a, t, w, s, b, r, h, p, ps, pk) \
              ORDER BY k \
-             ON CONFLICT (idempotency_key) DO NOTHING \
+             ON CONFLICT DO NOTHING \
              RETURNING idempotency_key",
         ), cols)
         .bind(actor)
@@ -141,7 +146,17 @@ impl Journal {
             .filter(|i| !inserted.contains(*i))
             .map(|&i| envelopes[i].key.as_str().to_owned())
             .collect();
-        let rows = self.get_many_by_text(&to_read).await?;
+        let mut rows = self.get_many_by_text(&to_read).await?;
+        let by_identity = self
+            .rows_by_identity(
+                todo.iter()
+                    .filter(|i| {
+                        !inserted.contains(*i) && !rows.contains_key(envelopes[**i].key.as_str())
+                    })
+                    .map(|&i| &envelopes[i]),
+            )
+            .await?;
+        rows.extend(by_identity);
         let mut vanished = Vec::new();
         for i in todo {
             let e = &envelopes[i];
@@ -166,6 +181,39 @@ impl Journal {
         Ok(vanished)
     }
 
+    /// The rows recorded for these envelopes' business identities under *another* key
+    /// (a secret of the key ring other than the one that made the envelope's key), by
+    /// the envelope's key. One statement, served by the identity index.
+    pub(crate) async fn rows_by_identity<'e>(
+        &self,
+        envelopes: impl Iterator<Item = &'e Envelope>,
+    ) -> Result<HashMap<String, Operation>, JournalError> {
+        let mut cols = IdentityColumns::default();
+        for e in envelopes {
+            cols.push(e);
+        }
+        if cols.keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows = sqlx::query(select_operations_by_identity!())
+            .bind(&cols.keys)
+            .bind(&cols.workflows)
+            .bind(&cols.steps)
+            .bind(&cols.objects)
+            .bind(&cols.revisions)
+            .bind(&cols.action_types)
+            .bind(&cols.tenants)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for row in rows {
+            use sqlx::{FromRow, Row};
+            let asked: String = row.try_get("asked_key")?;
+            out.insert(asked, Operation::from_row(&row)?);
+        }
+        Ok(out)
+    }
+
     /// Rows for a set of keys (as text), by key.
     pub(crate) async fn get_many_by_text(
         &self,
@@ -186,6 +234,31 @@ impl Journal {
     }
 }
 
+/// The identity columns of envelopes, with the key each was asked under.
+#[derive(Default)]
+struct IdentityColumns {
+    keys: Vec<String>,
+    workflows: Vec<String>,
+    steps: Vec<String>,
+    objects: Vec<String>,
+    revisions: Vec<i64>,
+    action_types: Vec<String>,
+    tenants: Vec<Option<String>>,
+}
+
+impl IdentityColumns {
+    fn push(&mut self, e: &Envelope) {
+        let id = &e.intent.identity;
+        self.keys.push(e.key.as_str().to_owned());
+        self.workflows.push(id.workflow_id.clone());
+        self.steps.push(id.step.clone());
+        self.objects.push(id.business_object.clone());
+        self.revisions.push(id.revision);
+        self.action_types.push(id.action_type.as_str().to_owned());
+        self.tenants.push(id.tenant.clone());
+    }
+}
+
 /// Column arrays for `unnest`: one statement, any batch size.
 #[derive(Default)]
 pub(crate) struct Columns {
@@ -197,11 +270,14 @@ pub(crate) struct Columns {
     pub objects: Vec<String>,
     pub revisions: Vec<i64>,
     pub hashes: Vec<String>,
-    pub payloads: Vec<String>,
+    pub payloads: Vec<Option<String>>,
+    pub sealed: Vec<Option<Vec<u8>>>,
+    pub sealed_key_ids: Vec<Option<String>>,
 }
 
-/// Bind a [`Columns`] as `$1…$9` (keys, action types, tenants, workflows, steps,
-/// objects, revisions, hashes, payloads), the order both batched inserts use.
+/// Bind a [`Columns`] as `$1…$11` (keys, action types, tenants, workflows, steps,
+/// objects, revisions, hashes, plain payloads, sealed payloads, their data-key ids), the
+/// order both batched inserts use.
 macro_rules! bind_columns {
     ($query:expr, $cols:expr) => {
         $query
@@ -214,6 +290,8 @@ macro_rules! bind_columns {
             .bind(&$cols.revisions)
             .bind(&$cols.hashes)
             .bind(&$cols.payloads)
+            .bind(&$cols.sealed)
+            .bind(&$cols.sealed_key_ids)
     };
 }
 pub(crate) use bind_columns;
@@ -225,6 +303,7 @@ impl Columns {
     pub fn first_of_each_key<'e>(
         todo: &[usize],
         envelope: impl Fn(usize) -> &'e Envelope,
+        keys: Option<&DataKeys>,
     ) -> (Columns, HashMap<&'e str, usize>, Vec<usize>) {
         let mut first: HashMap<&str, usize> = HashMap::with_capacity(todo.len());
         let mut cols = Columns::default();
@@ -233,14 +312,14 @@ impl Columns {
             let e = envelope(i);
             if let std::collections::hash_map::Entry::Vacant(v) = first.entry(e.key.as_str()) {
                 v.insert(i);
-                cols.push(e);
+                cols.push(e, keys);
                 order.push(i);
             }
         }
         (cols, first, order)
     }
 
-    fn push(&mut self, e: &Envelope) {
+    fn push(&mut self, e: &Envelope, keys: Option<&DataKeys>) {
         let id = &e.intent.identity;
         self.keys.push(e.key.as_str().to_owned());
         self.action_types.push(id.action_type.as_str().to_owned());
@@ -250,7 +329,20 @@ impl Columns {
         self.objects.push(id.business_object.clone());
         self.revisions.push(id.revision);
         self.hashes.push(e.payload_hash.as_str().to_owned());
-        self.payloads
-            .push(serde_json::Value::Object(e.intent.payload.clone()).to_string());
+        match keys {
+            Some(keys) => {
+                let sealed = keys.seal(e.key.as_str(), &e.intent.payload);
+                self.payloads.push(None);
+                self.sealed.push(Some(sealed.bytes));
+                self.sealed_key_ids.push(Some(sealed.key_id));
+            }
+            None => {
+                self.payloads.push(Some(
+                    serde_json::Value::Object(e.intent.payload.clone()).to_string(),
+                ));
+                self.sealed.push(None);
+                self.sealed_key_ids.push(None);
+            }
+        }
     }
 }

@@ -137,6 +137,8 @@ pub(crate) async fn settle_unknown(
              lease_until = CASE WHEN $3 = 'failed_retryable' THEN now() ELSE NULL END, \
              updated_at = now(), \
              payload = CASE WHEN $3 IN ('succeeded', 'failed_final') THEN NULL ELSE payload END, \
+             payload_sealed = CASE WHEN $3 IN ('succeeded', 'failed_final') THEN NULL ELSE payload_sealed END, \
+             payload_key_id = CASE WHEN $3 IN ('succeeded', 'failed_final') THEN NULL ELSE payload_key_id END, \
              last_actor = $6, last_reason = $7 \
          WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2",
     )

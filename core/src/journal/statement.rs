@@ -36,6 +36,24 @@ pub enum StatementVerdict<'a> {
     Failed,
 }
 
+/// `value #>> path` as Postgres computes it: object keys or array indices, a string as
+/// itself, any other JSON as its text.
+fn text_at(value: &serde_json::Value, path: &[String]) -> Option<String> {
+    let mut v = value;
+    for token in path {
+        v = match v {
+            serde_json::Value::Object(m) => m.get(token)?,
+            serde_json::Value::Array(a) => a.get(token.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    match v {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
 impl Journal {
     /// The operations of `action_types` a statement can be matched against: every
     /// `unknown` one, and any whose key, provider id or business reference (the payload
@@ -48,9 +66,21 @@ impl Journal {
         provider_ids: &[String],
         references: &[String],
     ) -> Result<Vec<StatementCandidate>, JournalError> {
-        type Row = (String, String, i32, Option<String>, Option<String>);
+        type Row = (
+            String,
+            String,
+            i32,
+            Option<String>,
+            Option<String>,
+            Option<Vec<u8>>,
+            Option<String>,
+        );
+        // A sealed payload is opened here, so the reference of a sealed row is known for
+        // the rows the query returns by status, key or provider id (not for a live row
+        // named by its reference alone, which the statement leaves alone anyway).
         let rows: Vec<Row> = sqlx::query_as(
-            "SELECT idempotency_key, status, attempt_count, provider_operation_id, payload #>> $2 \
+            "SELECT idempotency_key, status, attempt_count, provider_operation_id, payload #>> $2, \
+                    payload_sealed, payload_key_id \
              FROM agent_operations \
              WHERE action_type = ANY($1) AND (status = 'unknown' OR idempotency_key = ANY($3) \
                    OR provider_operation_id = ANY($4) \
@@ -64,16 +94,26 @@ impl Journal {
         .fetch_all(&self.pool)
         .await?;
         rows.into_iter()
-            .map(|(key, status, attempt, provider_operation_id, reference)| {
-                let decode = |e: String| JournalError::from(sqlx::Error::Decode(e.into()));
-                Ok(StatementCandidate {
-                    key: IdempotencyKey::parse(&key).map_err(|e| decode(e.to_string()))?,
-                    status: status.parse().map_err(|e| decode(format!("{e}")))?,
-                    attempt,
-                    provider_operation_id,
-                    reference,
-                })
-            })
+            .map(
+                |(key, status, attempt, provider_operation_id, reference, sealed, key_id)| {
+                    let decode = |e: String| JournalError::from(sqlx::Error::Decode(e.into()));
+                    let reference = match (reference, sealed, key_id, self.data_keys()) {
+                        (Some(r), ..) => Some(r),
+                        (None, Some(bytes), Some(key_id), Some(keys)) => keys
+                            .open(&key, &crate::sealing::Sealed { key_id, bytes })
+                            .ok()
+                            .and_then(|p| text_at(&serde_json::Value::Object(p), reference_path)),
+                        _ => None,
+                    };
+                    Ok(StatementCandidate {
+                        key: IdempotencyKey::parse(&key).map_err(|e| decode(e.to_string()))?,
+                        status: status.parse().map_err(|e| decode(format!("{e}")))?,
+                        attempt,
+                        provider_operation_id,
+                        reference,
+                    })
+                },
+            )
             .collect()
     }
 

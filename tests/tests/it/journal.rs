@@ -4,7 +4,7 @@
 use oncely_core::journal::{
     ClaimOutcome, ClaimRequest, Completion, Journal, JournalError, NotClaimed, Recorded, Verdict,
 };
-use oncely_core::{Envelope, Intent, KeySecret, Status};
+use oncely_core::{Envelope, Intent, KeyRing, Status};
 use oncely_tests::{TestDb, eventually};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(120);
 
-fn secret() -> KeySecret {
-    KeySecret::new(b"test-secret-do-not-use".to_vec()).expect("secret")
+fn secret() -> KeyRing {
+    KeyRing::new(b"test-secret-do-not-use".to_vec()).expect("secret")
 }
 
 fn envelope(workflow: &str, object: &str, payload: Value) -> Envelope {

@@ -14,6 +14,7 @@ mod python_client;
 mod reconcile;
 mod resilience;
 mod runner;
+mod security;
 mod smtp;
 mod statement;
 mod stripe;

@@ -109,7 +109,12 @@ fn dispatch(
 
 /// Call the provider for a won claim and classify the answer.
 async fn call(ctx: &Context, v: Valid, claim: Claim, claimed_at: Instant) -> Finished {
-    let Valid { inc, env } = v;
+    let Valid { inc, mut env } = v;
+    if env.key != claim.key {
+        // The row was recorded under another secret of the key ring: the provider must
+        // see the key of the first attempt.
+        env.key = claim.key.clone();
+    }
     let Some((policy, provider)) = ctx.route(&env.intent.identity.action_type) else {
         unreachable!("routes are checked before claiming");
     };

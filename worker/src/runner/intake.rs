@@ -14,7 +14,7 @@ use lapin::message::Delivery;
 use lapin::options::BasicCancelOptions;
 use lapin::{Channel, Consumer};
 use oncely_core::publish::Publisher;
-use oncely_core::{ActionType, Envelope, KeySecret};
+use oncely_core::{ActionType, Envelope, KeyRing};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -123,7 +123,7 @@ fn check(
     data: &[u8],
     queue_action: &str,
     max_bytes: usize,
-    secret: Option<&KeySecret>,
+    secret: Option<&KeyRing>,
     known: impl Fn(&ActionType) -> bool,
 ) -> Result<Envelope, Invalid> {
     let env = Envelope::parse(data, max_bytes, secret).map_err(|e| Invalid {
@@ -165,8 +165,8 @@ mod tests {
     use oncely_core::Intent;
     use serde_json::json;
 
-    fn secret() -> KeySecret {
-        KeySecret::new(b"test-secret-do-not-use".to_vec()).expect("secret")
+    fn secret() -> KeyRing {
+        KeyRing::new(b"test-secret-do-not-use".to_vec()).expect("secret")
     }
 
     fn body(action: &str) -> Vec<u8> {
