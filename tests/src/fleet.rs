@@ -17,6 +17,8 @@ use tokio::process::{Child, Command};
 
 /// The secret every test fleet uses.
 pub const SECRET: &str = "test-secret-do-not-use";
+/// The data key of fleets that seal payloads (a test key: never use it elsewhere).
+pub const TEST_DATA_KEY: &str = "7465737464617461206b65792c20646f206e6f742075736520656c7365776821";
 
 /// The test key secret.
 pub fn secret() -> KeyRing {
@@ -114,6 +116,9 @@ pub struct FleetOptions {
     /// certificate for `localhost`, and these providers at `https://localhost:PORT` with
     /// `ca_file` set to the CA (the others stay on the plain listener).
     pub tls: &'static [&'static str],
+    /// Seal payloads at rest: a data-key file for every spawned process
+    /// (`ONCELY_DATA_KEYS_FILE`) and for the fleet's SDK producers.
+    pub seal_payloads: bool,
 }
 
 impl Default for FleetOptions {
@@ -127,6 +132,7 @@ impl Default for FleetOptions {
             configure: None,
             amqp_url: None,
             tls: &[],
+            seal_payloads: false,
         }
     }
 }
@@ -221,6 +227,8 @@ pub struct Fleet {
     pub conn: Connection,
     /// A channel on it.
     pub channel: Channel,
+    /// The data-key file, when payloads are sealed ([`FleetOptions::seal_payloads`]).
+    pub data_keys_file: Option<PathBuf>,
     spawned: std::sync::atomic::AtomicUsize,
 }
 
@@ -284,6 +292,17 @@ impl Fleet {
             .declare(&channel, &actions)
             .await
             .unwrap_or_else(|e| panic!("declare: {e}"));
+        let data_keys_file = o.seal_payloads.then(|| {
+            let path = dir.join("data-keys.toml");
+            std::fs::write(
+                &path,
+                format!(
+                    "[[key]]\nid = \"test-dk\"\nstate = \"current\"\nhex = \"{TEST_DATA_KEY}\"\n"
+                ),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            path
+        });
         Fleet {
             db,
             sandbox,
@@ -294,6 +313,7 @@ impl Fleet {
             config,
             conn,
             channel,
+            data_keys_file,
             spawned: Default::default(),
         }
     }
@@ -303,9 +323,26 @@ impl Fleet {
         Topology::new(&self.config.broker)
     }
 
+    /// The secrets every process of the fleet gets: the key secret, and the data-key
+    /// file when payloads are sealed.
+    pub fn secrets_env(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        let mut env = vec![("ONCELY_KEY_SECRET", SECRET.into())];
+        if let Some(p) = &self.data_keys_file {
+            env.push(("ONCELY_DATA_KEYS_FILE", p.clone().into_os_string()));
+        }
+        env
+    }
+
+    /// The fleet's data keys, when payloads are sealed.
+    pub fn data_keys(&self) -> Option<oncely_core::DataKeys> {
+        self.data_keys_file
+            .as_ref()
+            .map(|p| oncely_core::DataKeys::load(p).unwrap_or_else(|e| panic!("data keys: {e}")))
+    }
+
     /// An SDK producer for this fleet.
     pub async fn producer(&self) -> oncely_producer::Producer {
-        oncely_producer::Producer::connect(&self.config, secret())
+        oncely_producer::Producer::connect_with_data_keys(&self.config, secret(), self.data_keys())
             .await
             .unwrap_or_else(|e| panic!("producer: {e}"))
     }
@@ -335,7 +372,7 @@ impl Fleet {
             .arg("--config")
             .arg(&self.config_path)
             .args(args)
-            .env("ONCELY_KEY_SECRET", SECRET)
+            .envs(self.secrets_env())
             .env("ONCELY_LOG_FORMAT", "json")
             .env(
                 "RUST_LOG",

@@ -11,7 +11,7 @@ use super::rng::Rng;
 use super::schedule::Timeline;
 use super::{FAILPOINTS, LEASE_DUR, TICK, logs};
 use crate::failpoint_worker;
-use crate::fleet::{Fleet, Proc, SECRET};
+use crate::fleet::{Fleet, Proc};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -206,7 +206,7 @@ fn spawn_proc(
         .arg("--config")
         .arg(&fleet.config_path)
         .arg(role.arg())
-        .env("ONCELY_KEY_SECRET", SECRET)
+        .envs(fleet.secrets_env())
         .env("ONCELY_LOG_FORMAT", "json")
         .env("RUST_LOG", PROC_LOG)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))

@@ -310,6 +310,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         reconciler: Some(FAST_RECONCILER),
         amqp_url: private.as_ref().map(PrivateBroker::url),
         tls: TLS_PROVIDERS,
+        seal_payloads: true,
         ..FleetOptions::default()
     })
     .await;
@@ -345,6 +346,7 @@ async fn drive(
     let progress = Arc::new(AtomicU64::new(0));
     let producer = tokio::spawn(workload::produce(
         fleet.config.clone(),
+        fleet.data_keys(),
         opts.seed,
         opts.intents,
         workload.batches.clone(),

@@ -11,8 +11,8 @@
 use super::ACTIONS;
 use super::rng::Rng;
 use crate::fleet::secret;
-use oncely_core::Intent;
 use oncely_core::config::Config;
+use oncely_core::{DataKeys, Intent};
 use oncely_producer::{Enqueued, Producer, ProducerError};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -216,12 +216,15 @@ enum Next {
 }
 
 /// Connect the SDK, retrying for up to two minutes.
-async fn connect_producer(config: &Config, report: &mut ProducerReport) -> Option<Producer> {
+async fn connect_producer(
+    config: &Config,
+    data_keys: &Option<DataKeys>,
+    report: &mut ProducerReport,
+) -> Option<Producer> {
     let start = Instant::now();
     loop {
-        match tokio::time::timeout(Duration::from_secs(15), Producer::connect(config, secret()))
-            .await
-        {
+        let connect = Producer::connect_with_data_keys(config, secret(), data_keys.clone());
+        match tokio::time::timeout(Duration::from_secs(15), connect).await {
             Ok(Ok(p)) => return Some(p),
             Ok(Err(e)) if start.elapsed() > Duration::from_secs(120) => {
                 report.fatal = Some(format!("producer cannot connect: {e}"));
@@ -239,6 +242,7 @@ async fn connect_producer(config: &Config, report: &mut ProducerReport) -> Optio
 /// Enqueue the plan, paced over `span`, surviving connection faults.
 pub(super) async fn produce(
     config: Config,
+    data_keys: Option<DataKeys>,
     run: u64,
     n: usize,
     batches: Vec<Vec<Item>>,
@@ -251,11 +255,12 @@ pub(super) async fn produce(
     };
     let start = Instant::now();
     let pace = span.div_f64(batches.len().max(1) as f64);
-    let Some(producer) = connect_producer(&config, &mut report).await else {
+    let Some(producer) = connect_producer(&config, &data_keys, &mut report).await else {
         return report;
     };
     let mut p = Producing {
         config,
+        data_keys,
         run,
         producer,
         report,
@@ -275,6 +280,8 @@ pub(super) async fn produce(
 #[derive(Debug)]
 struct Producing {
     config: Config,
+    /// The fleet's data keys (payloads sealed), if any.
+    data_keys: Option<DataKeys>,
     run: u64,
     producer: Producer,
     report: ProducerReport,
@@ -448,7 +455,7 @@ impl Producing {
 
     /// A new SDK connection in place of the current one.
     async fn reconnect(&mut self) -> Result<(), GaveUp> {
-        match connect_producer(&self.config, &mut self.report).await {
+        match connect_producer(&self.config, &self.data_keys, &mut self.report).await {
             Some(p) => {
                 self.producer = p;
                 Ok(())
