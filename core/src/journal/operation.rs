@@ -85,6 +85,23 @@ macro_rules! select_operations {
 }
 pub(crate) use select_operations;
 
+/// [`select_operations!`] with every payload column read as `NULL`: what the producer
+/// and the gateway read (duplicates, status, waits). Their database role may not read
+/// payloads (docs/security-roles.md), and they never need one back: they wrote it. The
+/// sealed payload's columns (`payload_sealed`, `payload_key_id`, added by their own
+/// migration) are `NULL` too, so the row decodes the same before and after it.
+/// Keep the other columns in step with [`select_operations!`].
+macro_rules! select_operations_without_payload {
+    ($rest:literal) => {
+        concat!("SELECT idempotency_key, action_type, tenant, workflow_id, step, business_object, revision, \
+     payload_hash, NULL::jsonb AS payload, NULL::bytea AS payload_sealed, NULL::text AS payload_key_id, \
+     status, attempt_count, provider_operation_id, result_json, last_error_code, \
+     lease_until, lease_owner, first_attempt_at, reconcile_checks, last_actor, last_reason, created_at, updated_at, \
+     coalesce(lease_until > now(), false) AS lease_live, now() AS read_at FROM agent_operations ", $rest)
+    };
+}
+pub(crate) use select_operations_without_payload;
+
 fn decode<T: std::fmt::Display>(col: &str, e: T) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: col.into(),
