@@ -11,6 +11,8 @@
 //! - [`config`]: policies and providers (TOML + env overrides).
 //! - [`db`]: connecting, creating and migrating the database.
 //! - [`journal`]: the operations journal — the only module with SQL.
+//! - [`roles`]: least privilege — Postgres group roles and grants, the start-up check,
+//!   RabbitMQ permissions.
 //! - [`telemetry`]: logging setup.
 //! - [`topology`]: RabbitMQ names and declarations.
 
@@ -23,6 +25,7 @@ pub mod journal;
 pub mod keys;
 pub mod metrics;
 pub mod publish;
+pub mod roles;
 pub mod schema;
 pub mod status;
 pub mod telemetry;
