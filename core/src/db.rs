@@ -5,8 +5,8 @@
 //! password. The migrations in `migrations/` are embedded at compile time, so a binary
 //! always carries exactly the schema it was written for. Only `oncely-worker migrate`
 //! (and test, demo and bench set-up) applies them: a worker, reconciler or admin process
-//! needs no DDL rights; it checks at start that the database is at its version
-//! ([`connect_checked`]) and refuses to run otherwise.
+//! needs no DDL rights; it checks at start that its role holds what it needs and that the
+//! database is at its version ([`connect_checked_as`]) and refuses to run otherwise.
 
 use sqlx::migrate::{MigrateDatabase, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -55,6 +55,12 @@ pub enum DbError {
         /// The newest migration this binary carries.
         needed: i64,
     },
+    /// The connected role lacks privileges its process needs (see [`crate::roles`]).
+    #[error("{0}")]
+    Grants(crate::roles::MissingGrants),
+    /// The connected role may not apply migrations (only the schema's owner may).
+    #[error("{0}")]
+    CannotMigrate(crate::roles::MigrateRefused),
     /// A migration failed.
     #[error("migrating {target} failed: {source}")]
     Migrate {
@@ -188,9 +194,24 @@ pub async fn check_schema(pool: &PgPool, url_for_messages: &str) -> Result<(), D
     }
 }
 
-/// Connect a pool and check the schema version: how every process but `migrate` starts.
+/// Connect a pool and check the schema version (tests, demo and bench tools; every
+/// shipped process uses [`connect_checked_as`]).
 pub async fn connect_checked(url: &str, settings: &PoolSettings) -> Result<PgPool, DbError> {
     let pool = connect(url, settings).await?;
+    check_schema(&pool, url).await?;
+    Ok(pool)
+}
+
+/// Connect a pool, check that the connected role holds what `process` needs
+/// ([`crate::roles::check_grants`], one query) and that the schema is at this binary's
+/// version: how every process but `migrate` starts.
+pub async fn connect_checked_as(
+    url: &str,
+    settings: &PoolSettings,
+    process: crate::roles::Process,
+) -> Result<PgPool, DbError> {
+    let pool = connect(url, settings).await?;
+    crate::roles::check_grants(&pool, process, url).await?;
     check_schema(&pool, url).await?;
     Ok(pool)
 }

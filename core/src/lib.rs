@@ -12,6 +12,8 @@
 //! - [`config`]: policies and providers (TOML + env overrides).
 //! - [`db`]: connecting, creating and migrating the database.
 //! - [`journal`]: the operations journal — the only module with SQL.
+//! - [`roles`]: least privilege — Postgres group roles and grants, the start-up check,
+//!   RabbitMQ permissions.
 //! - [`telemetry`]: logging setup.
 //! - [`topology`]: RabbitMQ names and declarations.
 
@@ -24,6 +26,7 @@ pub mod journal;
 pub mod keys;
 pub mod metrics;
 pub mod publish;
+pub mod roles;
 pub mod schema;
 pub mod sealing;
 pub mod status;

@@ -3,7 +3,12 @@
 //! - `<p>.actions` (direct): routing key = action type → quorum queue `<p>.action.<type>`
 //!   with an explicit `x-delivery-limit` and at-least-once dead-lettering to `<p>.dlx`.
 //! - `<p>.dlx` (fanout) → `<p>.dead`: poison and invalid messages, kept for a person.
-//! - `<p>.reconcile`: keys whose outcome is unknown, for the reconciler.
+//! - `<p>.reconcile-requests` (fanout) → `<p>.reconcile`: keys whose outcome is unknown,
+//!   for the reconciler. Not through the default exchange: a user allowed to publish
+//!   there reaches every queue of the vhost by name, which would make per-prefix
+//!   RabbitMQ permissions meaningless; and not under the queue's own name, so a user can
+//!   be allowed to bind from the exchange without being allowed to consume the queue
+//!   ([`crate::roles::rabbitmq`]).
 //! - `<p>.outcomes` (topic): `<action_type>.<status>` events for agents that listen.
 //!
 //! Every name carries the prefix so environments (and parallel tests) share a broker.
@@ -60,6 +65,11 @@ impl Topology {
     /// The reconcile queue.
     pub fn reconcile_queue(&self) -> String {
         format!("{}.reconcile", self.prefix)
+    }
+    /// The exchange reconcile requests are published to (fanout, bound to the reconcile
+    /// queue).
+    pub fn reconcile_exchange(&self) -> String {
+        format!("{}.reconcile-requests", self.prefix)
     }
     /// The outcomes exchange.
     pub fn outcomes_exchange(&self) -> String {
@@ -153,6 +163,23 @@ impl Topology {
                 self.queue_args(true),
             )
             .await?;
+        channel
+            .exchange_declare(
+                self.reconcile_exchange().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                self.reconcile_queue().into(),
+                self.reconcile_exchange().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
         for t in action_types {
             let q = self.action_queue(t);
             channel
@@ -187,6 +214,7 @@ impl Topology {
         for e in [
             self.actions_exchange(),
             self.outcomes_exchange(),
+            self.reconcile_exchange(),
             self.dead_exchange(),
         ] {
             channel

@@ -7,6 +7,7 @@ use crate::tokens::Tokens;
 use oncely_core::config::Config;
 use oncely_core::intent::EnvelopeError;
 use oncely_core::journal::{JournalError, Operation};
+use oncely_core::roles::Process;
 use oncely_core::schema::{self, PayloadSchemas};
 use oncely_core::{IdempotencyKey, Intent, KeyRing, Status};
 use oncely_producer::{Enqueued, Producer, ProducerError};
@@ -198,7 +199,7 @@ impl Service {
         tokens: Tokens,
     ) -> anyhow::Result<Arc<Self>> {
         let schemas = PayloadSchemas::from_config(&config).map_err(anyhow::Error::msg)?;
-        let producer = Producer::connect(&config, secret.clone()).await?;
+        let producer = Producer::connect_as(&config, secret.clone(), Process::Gateway).await?;
         // Start the outcomes consumer now, so the first wait does not pay for it.
         producer.watcher().await?;
         let service = Arc::new_cyclic(|me| Self {
@@ -368,7 +369,11 @@ impl Service {
                 key: key.as_str().to_owned(),
             }),
             Ok(Enqueued::Duplicate { key, .. }) => {
-                let op = producer.journal().get(&key).await.map_err(journal_error)?;
+                let op = producer
+                    .journal()
+                    .get_without_payload(&key)
+                    .await
+                    .map_err(journal_error)?;
                 // A purge between the two reads: the key is forgotten; report it as planned.
                 let view = op
                     .as_ref()
@@ -416,7 +421,9 @@ impl Service {
             let mut delay = Duration::from_millis(200);
             loop {
                 let Some(this) = me.upgrade() else { return };
-                match Producer::connect(&this.config, this.secret.clone()).await {
+                match Producer::connect_as(&this.config, this.secret.clone(), Process::Gateway)
+                    .await
+                {
                     Ok(p) => {
                         if let Err(e) = p.watcher().await {
                             tracing::warn!(error = %e, "reconnected, but cannot watch outcomes yet");
@@ -454,7 +461,7 @@ impl Service {
             .producer()
             .await
             .journal()
-            .get(&key)
+            .get_without_payload(&key)
             .await
             .map_err(journal_error)?;
         owned(caller, op).map(|op| ActionView::of(&op))

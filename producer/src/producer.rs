@@ -5,6 +5,7 @@ use oncely_core::intent::EnvelopeError;
 use oncely_core::journal::{Journal, JournalError, Operation, Recorded};
 use oncely_core::metrics as m;
 use oncely_core::publish::{Pending, PublishError, PublishOptions, Publisher};
+use oncely_core::roles::Process;
 use oncely_core::topology::{self, Topology};
 use oncely_core::{DataKeys, Envelope, IdempotencyKey, Intent, KeyRing, Status};
 use serde::Serialize;
@@ -74,13 +75,23 @@ pub struct Producer {
 }
 
 impl Producer {
-    /// Connect to Postgres (migrated by `oncely-worker migrate` to this version: checked)
-    /// and RabbitMQ, and declare the topology for the configured actions. Payloads are
-    /// sealed with the data keys of `ONCELY_DATA_KEYS_FILE` when it is set (see
-    /// [`Producer::connect_with_data_keys`]).
+    /// Connect to Postgres (migrated by `oncely-worker migrate` to this version, with
+    /// the producer's grants: both checked) and RabbitMQ, and declare the topology for the
+    /// configured actions. Payloads are sealed with the data keys of
+    /// `ONCELY_DATA_KEYS_FILE` when it is set (see [`Producer::connect_with_data_keys`]).
     pub async fn connect(config: &Config, secret: KeyRing) -> Result<Self, ProducerError> {
+        Self::connect_as(config, secret, Process::Producer).await
+    }
+
+    /// [`Producer::connect`] for a process that needs more than the producer's grants
+    /// (the gateway: [`Process::Gateway`]); the start-up check covers all of them.
+    pub async fn connect_as(
+        config: &Config,
+        secret: KeyRing,
+        process: Process,
+    ) -> Result<Self, ProducerError> {
         let data_keys = DataKeys::from_env().map_err(|e| ProducerError::Connect(e.to_string()))?;
-        Self::connect_with_data_keys(config, secret, data_keys).await
+        Self::open(config, secret, process, data_keys).await
     }
 
     /// [`Producer::connect`] with the data keys given (`None`: payloads in plain text).
@@ -89,9 +100,19 @@ impl Producer {
         secret: KeyRing,
         data_keys: Option<DataKeys>,
     ) -> Result<Self, ProducerError> {
-        let pool = oncely_core::db::connect_checked(
+        Self::open(config, secret, Process::Producer, data_keys).await
+    }
+
+    async fn open(
+        config: &Config,
+        secret: KeyRing,
+        process: Process,
+        data_keys: Option<DataKeys>,
+    ) -> Result<Self, ProducerError> {
+        let pool = oncely_core::db::connect_checked_as(
             &config.database_url,
             &oncely_core::db::PoolSettings::default(),
+            process,
         )
         .await
         .map_err(|e| ProducerError::Connect(e.to_string()))?;
@@ -111,7 +132,16 @@ impl Producer {
         topology
             .declare(publisher.channel(), &actions)
             .await
-            .map_err(|e| ProducerError::Connect(format!("declaring topology: {e}")))?;
+            .map_err(|e| {
+                // With least-privilege broker users only the worker's may create the
+                // queues (docs/security-roles.md): say so rather than leave a bare 403.
+                let hint = if e.to_string().contains("ACCESS_REFUSED") {
+                    " (with per-process RabbitMQ users, a worker creates the queues: start one first)"
+                } else {
+                    ""
+                };
+                ProducerError::Connect(format!("declaring topology: {e}{hint}"))
+            })?;
         Ok(Self {
             journal: Journal::new(pool).with_data_keys(data_keys),
             publisher,
@@ -234,9 +264,10 @@ impl Producer {
             .await?)
     }
 
-    /// The operation for a key, if any.
+    /// The operation for a key, if any (without its payload: see
+    /// [`Journal::get_without_payload`]).
     pub async fn status(&self, key: &IdempotencyKey) -> Result<Option<Operation>, ProducerError> {
-        Ok(self.journal.get(key).await?)
+        Ok(self.journal.get_without_payload(key).await?)
     }
 
     /// The outcome watcher of this producer's connection (started on first use).

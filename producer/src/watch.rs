@@ -143,7 +143,7 @@ impl OutcomeWatcher {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut sub = self.subscribe(key.as_str());
         loop {
-            let op = journal.get(key).await?;
+            let op = journal.get_without_payload(key).await?;
             match &op {
                 Some(o) if !o.status.is_terminal() => {}
                 _ => return Ok(op),
@@ -164,7 +164,7 @@ impl OutcomeWatcher {
                 _ = tokio::time::sleep_until(next) => {}
             }
             if tokio::time::Instant::now() >= deadline {
-                return journal.get(key).await;
+                return journal.get_without_payload(key).await;
             }
         }
     }

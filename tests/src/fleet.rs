@@ -417,11 +417,21 @@ impl Fleet {
 
     /// Run `oncely-worker admin <args…>` to completion: (exit code, stdout, stderr).
     pub async fn admin(&self, args: &[&str]) -> (i32, String, String) {
+        self.admin_with_env(args, &[]).await
+    }
+
+    /// [`Fleet::admin`] with extra environment (e.g. the admin role's `DATABASE_URL`).
+    pub async fn admin_with_env(
+        &self,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> (i32, String, String) {
         let out = Command::new(binary("oncely-worker"))
             .arg("--config")
             .arg(&self.config_path)
             .arg("admin")
             .args(args)
+            .envs(env.iter().copied())
             .output()
             .await
             .unwrap_or_else(|e| panic!("admin: {e}"));

@@ -147,6 +147,7 @@ pub mod localstripe;
 pub mod mail;
 pub mod private_broker;
 pub mod proxy;
+pub mod roles;
 pub mod tls;
 
 /// A TCP port free right now on 127.0.0.1 (for a process that binds it next).

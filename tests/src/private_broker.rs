@@ -105,6 +105,56 @@ impl PrivateBroker {
         &self.dir
     }
 
+    /// Its AMQP URL for `user` (on the default vhost).
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("amqp://{user}:{password}@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// The users of the node's client connections right now (`rabbitmqctl
+    /// list_connections user`), sorted, without repeats.
+    pub async fn connection_users(&self) -> Vec<String> {
+        let out = self.ctl(&["list_connections", "user"]).await;
+        assert!(
+            out.status.success(),
+            "list_connections on {}: {}",
+            self.node,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut users: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && *l != "user")
+            .map(str::to_owned)
+            .collect();
+        users.sort();
+        users.dedup();
+        users
+    }
+
+    /// Add a user with a password and set its permissions on the default vhost (three
+    /// regular expressions: configure, write, read).
+    pub async fn add_user(
+        &self,
+        user: &str,
+        password: &str,
+        configure: &str,
+        write: &str,
+        read: &str,
+    ) {
+        for args in [
+            vec!["add_user", user, password],
+            vec!["set_permissions", "-p", "/", user, configure, write, read],
+        ] {
+            let out = self.ctl(&args).await;
+            assert!(
+                out.status.success(),
+                "rabbitmqctl {args:?} on {}: {}",
+                self.node,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
     /// Close every client connection (`rabbitmqctl close_all_connections`).
     pub async fn close_all_connections(&self) {
         let out = self

@@ -143,12 +143,13 @@ fn short_time(t: chrono::DateTime<chrono::Utc>) -> String {
 
 /// Run an admin command; returns the exit code.
 pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
-    let pool = oncely_core::db::connect_checked(
+    let pool = oncely_core::db::connect_checked_as(
         &config.database_url,
         &oncely_core::db::PoolSettings {
             max_connections: 2,
             ..Default::default()
         },
+        oncely_core::roles::Process::Admin,
     )
     .await?;
     let journal = Journal::new(pool).with_data_keys(oncely_core::DataKeys::from_env()?);

@@ -7,6 +7,7 @@ use oncely_core::KeyRing;
 use oncely_core::config::Config;
 use oncely_core::db::{self, PoolSettings};
 use oncely_core::journal::Journal;
+use oncely_core::roles::{self, Process};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -36,8 +37,22 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create the database if missing and apply migrations, then exit.
-    Migrate,
+    /// Create the database if missing and apply migrations, then exit. Run it as the
+    /// owner of the schema (a superuser, or a member of `<prefix>migrate`).
+    Migrate {
+        /// Then create or update the group roles (`<prefix>migrate`, `worker`,
+        /// `reconciler`, `producer`, `admin`) and their grants: see
+        /// docs/security-roles.md. Needs a superuser (or the database owner with CREATEROLE).
+        #[arg(long)]
+        roles: bool,
+        /// The group roles' name prefix.
+        #[arg(long, default_value = oncely_core::roles::DEFAULT_PREFIX, requires = "roles")]
+        role_prefix: String,
+        /// Print the roles' SQL instead, for a DBA to apply by hand; changes nothing
+        /// (the database must already be migrated: the grants name its columns).
+        #[arg(long, requires = "roles")]
+        print: bool,
+    },
     /// Run an action worker: consume, claim, call providers, commit, ack. Stops on SIGTERM/SIGINT.
     Run {
         /// Only these action types (repeatable); default: every configured one.
@@ -50,6 +65,19 @@ pub enum Command {
     /// Inspect operations, resolve reviews, purge (tables; `--json` for scripts).
     #[command(subcommand)]
     Admin(crate::admin::AdminCommand),
+    /// Print the `rabbitmqctl` commands that create one RabbitMQ user per process kind
+    /// (worker, reconciler, producer/gateway), each limited to the fleet's prefix.
+    RabbitmqPermissions {
+        /// The broker prefix (default: the config's `broker.prefix`).
+        #[arg(long)]
+        prefix: Option<String>,
+        /// The vhost.
+        #[arg(long, default_value = "/")]
+        vhost: String,
+        /// The users' name prefix (`<users>worker`, …).
+        #[arg(long, default_value = oncely_core::roles::DEFAULT_PREFIX)]
+        users: String,
+    },
 }
 
 /// Load the config, restricted to `only` action types when given.
@@ -74,9 +102,10 @@ pub fn load_config(path: Option<&std::path::Path>, only: &[String]) -> anyhow::R
     Ok(config)
 }
 
-/// Connect, check that the database is at this binary's schema version (only `migrate`
-/// changes it), and build a process context.
-pub async fn context(config: Config, role: &str) -> anyhow::Result<Context> {
+/// Connect, check that the connected role holds what `process` needs and that the
+/// database is at this binary's schema version (only `migrate` changes it), and build a
+/// process context.
+pub async fn context(config: Config, process: Process) -> anyhow::Result<Context> {
     let settings = PoolSettings {
         max_connections: config.worker.db_connections,
         ..PoolSettings::default()
@@ -85,9 +114,11 @@ pub async fn context(config: Config, role: &str) -> anyhow::Result<Context> {
     // hiccup. A bad URL or a schema at another version fails at once.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let pool = loop {
-        match db::connect_checked(&config.database_url, &settings).await {
+        match db::connect_checked_as(&config.database_url, &settings, process).await {
             Ok(pool) => break pool,
-            Err(e @ (db::DbError::BadUrl(_) | db::DbError::Schema { .. })) => return Err(e.into()),
+            Err(
+                e @ (db::DbError::BadUrl(_) | db::DbError::Schema { .. } | db::DbError::Grants(_)),
+            ) => return Err(e.into()),
             Err(e) if std::time::Instant::now() < deadline => {
                 tracing::warn!(error = %e, "database not ready; retrying");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -122,43 +153,29 @@ pub async fn context(config: Config, role: &str) -> anyhow::Result<Context> {
         config,
         Journal::new(pool).with_data_keys(data_keys),
         secret,
-        role,
+        process.name(),
     )
 }
 
 /// Run the CLI.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Migrate => {
-            let config = Config::load(cli.config.as_deref())?;
-            let created = db::create_if_missing(&config.database_url).await?;
-            let pool = db::connect(
-                &config.database_url,
-                &PoolSettings {
-                    max_connections: 1,
-                    ..PoolSettings::default()
-                },
-            )
-            .await?;
-            db::migrate(&pool, &config.database_url).await?;
-            println!(
-                "{} {} migrated",
-                if created { "created and" } else { "database" },
-                db::describe(&config.database_url)
-            );
-            Ok(())
-        }
+        Command::Migrate {
+            roles: with_roles,
+            role_prefix,
+            print,
+        } => migrate(cli.config.as_deref(), with_roles, &role_prefix, print).await,
         Command::Run { actions } => {
             oncely_core::metrics::install(cli.metrics_addr).map_err(anyhow::Error::msg)?;
             let config = load_config(cli.config.as_deref(), &actions)?;
-            let ctx = context(config, "worker").await?;
+            let ctx = context(config, Process::Worker).await?;
             oncely_core::metrics::init_series(&ctx.action_types());
             crate::runner::run(ctx, Shutdown::on_signals()).await
         }
         Command::Reconcile => {
             oncely_core::metrics::install(cli.metrics_addr).map_err(anyhow::Error::msg)?;
             let config = load_config(cli.config.as_deref(), &[])?;
-            let ctx = context(config, "reconciler").await?;
+            let ctx = context(config, Process::Reconciler).await?;
             oncely_core::metrics::init_series(&ctx.action_types());
             crate::reconciler::run(ctx, Shutdown::on_signals()).await
         }
@@ -170,5 +187,60 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::RabbitmqPermissions {
+            prefix,
+            vhost,
+            users,
+        } => {
+            let prefix = match prefix {
+                Some(p) => p,
+                None => Config::load(cli.config.as_deref())?.broker.prefix,
+            };
+            print!("{}", roles::rabbitmq::commands(&prefix, &vhost, &users));
+            Ok(())
+        }
     }
+}
+
+/// `migrate [--roles [--role-prefix P] [--print]]`: apply the migrations as the schema's
+/// owner (refused, with the reason, for any other role), then create or update the group
+/// roles; or only print the roles' SQL.
+async fn migrate(
+    config: Option<&std::path::Path>,
+    with_roles: bool,
+    prefix: &str,
+    print: bool,
+) -> anyhow::Result<()> {
+    let config = Config::load(config)?;
+    let url = &config.database_url;
+    let one = PoolSettings {
+        max_connections: 1,
+        ..PoolSettings::default()
+    };
+    if print {
+        let pool = db::connect(url, &one).await?;
+        db::check_schema(&pool, url).await?;
+        let statements = roles::plan(&pool, prefix).await?;
+        print!("{}", roles::sql::script(&statements, prefix));
+        return Ok(());
+    }
+    let created = db::create_if_missing(url).await?;
+    let pool = db::connect(url, &one).await?;
+    roles::check_can_migrate(&pool, url).await?;
+    db::migrate(&pool, url).await?;
+    println!(
+        "{} {} migrated",
+        if created { "created and" } else { "database" },
+        db::describe(url)
+    );
+    if with_roles {
+        let statements = roles::apply(&pool, prefix).await?;
+        let names: Vec<String> = roles::Role::ALL.iter().map(|r| r.name(prefix)).collect();
+        println!(
+            "roles {} up to date ({} statements; `--print` shows them)",
+            names.join(", "),
+            statements.len()
+        );
+    }
+    Ok(())
 }

@@ -38,7 +38,8 @@ impl ReconcileRequest {
         serde_json::from_slice(body)
     }
 
-    /// Publish it to the reconcile queue (mandatory) and wait for the confirm.
+    /// Publish it to the reconcile queue, through its exchange (mandatory), and wait for
+    /// the confirm.
     pub async fn publish(
         &self,
         publisher: &Publisher,
@@ -46,8 +47,8 @@ impl ReconcileRequest {
     ) -> Result<(), PublishError> {
         publisher
             .publish_confirmed(
+                &topology.reconcile_exchange(),
                 "",
-                &topology.reconcile_queue(),
                 &self.to_bytes(),
                 PublishOptions::mandatory(),
             )

@@ -1,7 +1,7 @@
 //! Reads: one operation, a workflow, the audit trail, and the article's two
 //! inspection queries. Nothing here writes.
 
-use super::operation::{Event, Operation, select_operations};
+use super::operation::{Event, Operation, select_operations, select_operations_without_payload};
 use super::{Journal, JournalError};
 use crate::keys::IdempotencyKey;
 
@@ -14,6 +14,21 @@ impl Journal {
                 .fetch_optional(&self.pool)
                 .await?,
         )
+    }
+
+    /// The operation for `key`, if any, without its payload (`payload` is `None`
+    /// whatever the status): the read of the producer and the gateway, whose role may not
+    /// read payloads.
+    pub async fn get_without_payload(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<Option<Operation>, JournalError> {
+        Ok(sqlx::query_as(select_operations_without_payload!(
+            "WHERE idempotency_key = $1"
+        ))
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?)
     }
 
     /// The article's first query: a workflow's operations in creation order.

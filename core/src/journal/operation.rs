@@ -93,11 +93,12 @@ pub(crate) use select_operations;
 
 /// The rows whose business identity is one of `$2…$7` (arrays: workflows, steps,
 /// objects, revisions, action types, tenants) under a key other than the one asked
-/// (`$1`, returned as `asked_key`); the identity index serves it.
+/// (`$1`, returned as `asked_key`); the identity index serves it. Without the payload,
+/// like [`select_operations_without_payload!`]: the producer reads it too.
 macro_rules! select_operations_by_identity {
     () => {
         "SELECT o.idempotency_key, o.action_type, o.tenant, o.workflow_id, o.step, o.business_object, o.revision, \
-     o.payload_hash, o.payload, o.payload_sealed, o.payload_key_id, o.status, o.attempt_count, o.provider_operation_id, \
+     o.payload_hash, NULL::jsonb AS payload, NULL::bytea AS payload_sealed, NULL::text AS payload_key_id, o.status, o.attempt_count, o.provider_operation_id, \
      o.result_json, o.last_error_code, o.lease_until, o.lease_owner, o.first_attempt_at, o.reconcile_checks, \
      o.last_actor, o.last_reason, o.created_at, o.updated_at, \
      coalesce(o.lease_until > now(), false) AS lease_live, now() AS read_at, x.k AS asked_key \
@@ -109,6 +110,23 @@ macro_rules! select_operations_by_identity {
     };
 }
 pub(crate) use select_operations_by_identity;
+
+/// [`select_operations!`] with every payload column read as `NULL`: what the producer
+/// and the gateway read (duplicates, status, waits). Their database role may not read
+/// payloads (docs/security-roles.md), and they never need one back: they wrote it. The
+/// sealed payload's columns (`payload_sealed`, `payload_key_id`, added by their own
+/// migration) are `NULL` too, so the row decodes the same before and after it.
+/// Keep the other columns in step with [`select_operations!`].
+macro_rules! select_operations_without_payload {
+    ($rest:literal) => {
+        concat!("SELECT idempotency_key, action_type, tenant, workflow_id, step, business_object, revision, \
+     payload_hash, NULL::jsonb AS payload, NULL::bytea AS payload_sealed, NULL::text AS payload_key_id, \
+     status, attempt_count, provider_operation_id, result_json, last_error_code, \
+     lease_until, lease_owner, first_attempt_at, reconcile_checks, last_actor, last_reason, created_at, updated_at, \
+     coalesce(lease_until > now(), false) AS lease_live, now() AS read_at FROM agent_operations ", $rest)
+    };
+}
+pub(crate) use select_operations_without_payload;
 
 fn decode<T: std::fmt::Display>(col: &str, e: T) -> sqlx::Error {
     sqlx::Error::ColumnDecode {

@@ -9,7 +9,9 @@
 //! operation, reported under its own (older) key. A row a purge
 //! deletes between the two statements is recorded again ([`PURGE_RACE_ROUNDS`]).
 
-use super::operation::{Operation, select_operations, select_operations_by_identity};
+use super::operation::{
+    Operation, select_operations, select_operations_by_identity, select_operations_without_payload,
+};
 use super::{Journal, JournalError};
 use crate::intent::Envelope;
 use crate::sealing::DataKeys;
@@ -40,9 +42,11 @@ pub(crate) fn purged_meanwhile() -> JournalError {
 pub enum Recorded {
     /// A new `planned` row: publish it.
     New,
-    /// The key exists with the same action type and payload.
+    /// The key exists with the same action type and payload (the row, read without
+    /// its payload).
     Duplicate(Box<Operation>),
-    /// The key exists with a different action type or payload: refused.
+    /// The key exists with a different action type or payload: refused (the row, read
+    /// without its payload).
     Conflict(Box<Operation>),
 }
 
@@ -146,7 +150,9 @@ impl Journal {
             .filter(|i| !inserted.contains(*i))
             .map(|&i| envelopes[i].key.as_str().to_owned())
             .collect();
-        let mut rows = self.get_many_by_text(&to_read).await?;
+        // Without the payload: the producer's role may not read it, and telling a
+        // duplicate from a conflict needs only the action type and the payload hash.
+        let mut rows = self.get_many_without_payload(&to_read).await?;
         let by_identity = self
             .rows_by_identity(
                 todo.iter()
@@ -227,6 +233,28 @@ impl Journal {
                 .bind(keys)
                 .fetch_all(&self.pool)
                 .await?;
+        Ok(rows
+            .into_iter()
+            .map(|op| (op.key.as_str().to_owned(), op))
+            .collect())
+    }
+}
+
+impl Journal {
+    /// [`Journal::get_many_by_text`] without the payload (`payload` is `None`).
+    async fn get_many_without_payload(
+        &self,
+        keys: &[String],
+    ) -> Result<HashMap<String, Operation>, JournalError> {
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows: Vec<Operation> = sqlx::query_as(select_operations_without_payload!(
+            "WHERE idempotency_key = ANY($1)"
+        ))
+        .bind(keys)
+        .fetch_all(&self.pool)
+        .await?;
         Ok(rows
             .into_iter()
             .map(|op| (op.key.as_str().to_owned(), op))

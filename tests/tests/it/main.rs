@@ -13,6 +13,7 @@ mod pipeline;
 mod python_client;
 mod reconcile;
 mod resilience;
+mod roles;
 mod runner;
 mod security;
 mod smtp;
