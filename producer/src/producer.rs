@@ -134,7 +134,7 @@ impl Producer {
             .await
             .map_err(|e| {
                 // With least-privilege broker users only the worker's may create the
-                // queues (docs/security-roles.md): say so rather than leave a bare 403.
+                // queues (docs/security.md, "Least privilege"): say so rather than leave a bare 403.
                 let hint = if e.to_string().contains("ACCESS_REFUSED") {
                     " (with per-process RabbitMQ users, a worker creates the queues: start one first)"
                 } else {

@@ -42,7 +42,7 @@ pub enum Command {
     Migrate {
         /// Then create or update the group roles (`<prefix>migrate`, `worker`,
         /// `reconciler`, `producer`, `admin`) and their grants: see
-        /// docs/security-roles.md. Needs a superuser (or the database owner with CREATEROLE).
+        /// docs/security.md ("Least privilege"). Needs a superuser (or the database owner with CREATEROLE).
         #[arg(long)]
         roles: bool,
         /// The group roles' name prefix.

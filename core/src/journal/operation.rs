@@ -113,7 +113,7 @@ pub(crate) use select_operations_by_identity;
 
 /// [`select_operations!`] with every payload column read as `NULL`: what the producer
 /// and the gateway read (duplicates, status, waits). Their database role may not read
-/// payloads (docs/security-roles.md), and they never need one back: they wrote it. The
+/// payloads (docs/security.md, "Least privilege"), and they never need one back: they wrote it. The
 /// sealed payload's columns (`payload_sealed`, `payload_key_id`, added by their own
 /// migration) are `NULL` too, so the row decodes the same before and after it.
 /// Keep the other columns in step with [`select_operations!`].

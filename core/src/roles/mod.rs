@@ -15,7 +15,7 @@
 //!
 //! `oncely-worker migrate --roles` creates or updates them (or prints the SQL with
 //! `--print`); every process checks at start that its role has what it needs and says
-//! which grant is missing. docs/security-roles.md has the tables and the how-to.
+//! which grant is missing. docs/security.md ("Least privilege") has the tables and the how-to.
 //!
 //! # Layout
 //! - [`grants`]: what each process kind needs — the one table both of the following use.

@@ -119,7 +119,7 @@ fn shell(text: &str) -> String {
 pub fn commands(prefix: &str, vhost: &str, users: &str) -> String {
     let mut out = format!(
         "# RabbitMQ users for the oncely fleet with broker prefix {prefix:?} on vhost {vhost:?}.\n\
-         # Each `add_user` reads the password from stdin. docs/security-roles.md explains each pattern.\n"
+         # Each `add_user` reads the password from stdin. docs/security.md (Least privilege) explains each pattern.\n"
     );
     for role in [Role::Worker, Role::Reconciler, Role::Producer] {
         let Some(p) = permissions(role, prefix) else {
