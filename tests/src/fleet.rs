@@ -25,18 +25,21 @@ pub fn secret() -> KeyRing {
     KeyRing::new(SECRET.as_bytes().to_vec()).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Path of a workspace binary next to the test executable (`target/<profile>/NAME`),
+/// Path of a workspace binary next to the test executable (`target/<profile>/NAME`; the
+/// test harnesses live in `target/<profile>/deps`, the harness's own programs such as
+/// `oncely-chaos` in `target/<profile>`),
 /// built (or found up to date) once per test process: `cargo test` builds the test
 /// harnesses, not these programs, and a binary left from an older checkout would make
 /// the tests run old code.
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    let parent = exe.parent().unwrap_or(Path::new("."));
+    let dir = if parent.file_name().is_some_and(|n| n == "deps") {
+        parent.parent().unwrap_or(parent)
+    } else {
+        parent
+    };
     let path = dir.join(name);
     BUILT.get_or_init(|| {
         let status = std::process::Command::new(env!("CARGO"))
@@ -229,6 +232,9 @@ pub struct Fleet {
     pub channel: Channel,
     /// The data-key file, when payloads are sealed ([`FleetOptions::seal_payloads`]).
     pub data_keys_file: Option<PathBuf>,
+    /// Least privilege ([`Fleet::least_privilege`]): the database's group roles, and a
+    /// login (and, on a private broker, a broker user) per kind of process.
+    pub least_privilege: Option<(crate::roles::DbRoles, crate::roles::Logins)>,
     spawned: std::sync::atomic::AtomicUsize,
 }
 
@@ -314,6 +320,7 @@ impl Fleet {
             conn,
             channel,
             data_keys_file,
+            least_privilege: None,
             spawned: Default::default(),
         }
     }
@@ -333,6 +340,46 @@ impl Fleet {
         env
     }
 
+    /// From now on every process of the fleet connects as its own kind's login (and
+    /// broker user, when `broker` is the fleet's private node): `oncely-worker migrate
+    /// --roles` on the fleet's database, then a login per group role.
+    pub async fn least_privilege(&mut self, broker: Option<&crate::private_broker::PrivateBroker>) {
+        let roles = crate::roles::DbRoles::create(&self.db).await;
+        let logins = crate::roles::Logins::create(&roles, broker, &self.prefix).await;
+        self.least_privilege = Some((roles, logins));
+    }
+
+    /// The connection environment of a process started with `subcommand` (`run`,
+    /// `reconcile`, `admin`, `serve`…): its kind's login under least privilege, else
+    /// nothing (the config's URLs).
+    pub fn role_env(&self, subcommand: &str) -> Vec<(&'static str, String)> {
+        match (
+            &self.least_privilege,
+            crate::roles::Logins::role_of(subcommand),
+        ) {
+            (Some((_, logins)), Some(role)) => logins
+                .env(role)
+                .into_iter()
+                .map(|(k, v)| (k, v.to_owned()))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The config an SDK producer of this fleet uses: the fleet's, with the producer's
+    /// login and broker user under least privilege.
+    pub fn producer_config(&self) -> Config {
+        let mut config = self.config.clone();
+        if let Some((_, logins)) = &self.least_privilege {
+            let role = oncely_core::roles::Role::Producer;
+            config.database_url = logins.db[&role].clone();
+            if let Some(url) = logins.amqp.get(&role) {
+                config.broker.url = url.clone();
+            }
+        }
+        config
+    }
+
     /// The fleet's data keys, when payloads are sealed.
     pub fn data_keys(&self) -> Option<oncely_core::DataKeys> {
         self.data_keys_file
@@ -342,9 +389,13 @@ impl Fleet {
 
     /// An SDK producer for this fleet.
     pub async fn producer(&self) -> oncely_producer::Producer {
-        oncely_producer::Producer::connect_with_data_keys(&self.config, secret(), self.data_keys())
-            .await
-            .unwrap_or_else(|e| panic!("producer: {e}"))
+        oncely_producer::Producer::connect_with_data_keys(
+            &self.producer_config(),
+            secret(),
+            self.data_keys(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("producer: {e}"))
     }
 
     /// Spawn `oncely-worker <args…>` with this fleet's config; stderr goes to a log file.
@@ -373,6 +424,7 @@ impl Fleet {
             .arg(&self.config_path)
             .args(args)
             .envs(self.secrets_env())
+            .envs(self.role_env(args.first().copied().unwrap_or_default()))
             .env("ONCELY_LOG_FORMAT", "json")
             .env(
                 "RUST_LOG",
@@ -429,6 +481,8 @@ impl Fleet {
         let out = Command::new(binary("oncely-worker"))
             .arg("--config")
             .arg(&self.config_path)
+            .envs(self.secrets_env())
+            .envs(self.role_env("admin"))
             .arg("admin")
             .args(args)
             .envs(env.iter().copied())

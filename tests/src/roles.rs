@@ -6,8 +6,10 @@
 //! and drops its roles when dropped — after giving back what they own in its database,
 //! if that database is still there (a dropped database takes its grants with it).
 
+use crate::private_broker::PrivateBroker;
 use crate::{TestDb, server_url, unique_name};
-use oncely_core::roles::Role;
+use oncely_core::roles::{Role, rabbitmq};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// The group roles of one test database, and the login roles a test made in them.
@@ -94,6 +96,61 @@ impl DbRoles {
             .await
             .unwrap_or_else(|e| panic!("connect as {name}: {e}"));
         (name, pool)
+    }
+}
+
+/// The Postgres URL of each process kind's login and, on a private broker, the AMQP URL
+/// of its broker user.
+#[derive(Debug)]
+pub struct Logins {
+    /// Database URL per role.
+    pub db: HashMap<Role, String>,
+    /// AMQP URL per role (empty on the machine's shared broker: its users are not ours
+    /// to create).
+    pub amqp: HashMap<Role, String>,
+}
+
+impl Logins {
+    /// A login in each runtime group role, and, on a private broker, a user per role
+    /// that uses RabbitMQ (named `oncely_<role>`), limited to the fleet's prefix.
+    pub async fn create(roles: &DbRoles, broker: Option<&PrivateBroker>, prefix: &str) -> Logins {
+        let mut db = HashMap::new();
+        for role in [Role::Worker, Role::Reconciler, Role::Producer, Role::Admin] {
+            db.insert(role, roles.login(role.suffix(), &[role]).await.1);
+        }
+        let mut amqp = HashMap::new();
+        for role in [Role::Worker, Role::Reconciler, Role::Producer] {
+            let Some(broker) = broker else { break };
+            let p = rabbitmq::permissions(role, prefix)
+                .unwrap_or_else(|| panic!("no broker user for {role:?}"));
+            let user = format!("oncely_{}", role.suffix());
+            broker
+                .add_user(&user, "pw", &p.configure, &p.write, &p.read)
+                .await;
+            amqp.insert(role, broker.url_as(&user, "pw"));
+        }
+        Logins { db, amqp }
+    }
+
+    /// The environment of a process of `role`'s kind.
+    pub fn env(&self, role: Role) -> Vec<(&'static str, &str)> {
+        let mut env = vec![("DATABASE_URL", self.db[&role].as_str())];
+        if let Some(url) = self.amqp.get(&role) {
+            env.push(("ONCELY_AMQP_URL", url.as_str()));
+        }
+        env
+    }
+
+    /// The role of a process started as `oncely-worker <subcommand>` or
+    /// `oncely-gateway <subcommand>`.
+    pub fn role_of(subcommand: &str) -> Option<Role> {
+        match subcommand {
+            "run" => Some(Role::Worker),
+            "reconcile" => Some(Role::Reconciler),
+            "admin" => Some(Role::Admin),
+            "serve" | "mcp" => Some(Role::Producer),
+            _ => None,
+        }
     }
 }
 

@@ -207,6 +207,7 @@ fn spawn_proc(
         .arg(&fleet.config_path)
         .arg(role.arg())
         .envs(fleet.secrets_env())
+        .envs(fleet.role_env(role.arg()))
         .env("ONCELY_LOG_FORMAT", "json")
         .env("RUST_LOG", PROC_LOG)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))

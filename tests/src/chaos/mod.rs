@@ -83,7 +83,8 @@ the sandbox's ground truth (duplicates, lost, unexpected, mismatches must all be
 
 USAGE: oncely-chaos [--seed N] [--intents N] [--min-kills N] [--duration-secs N]
                     [--heal-secs N] [--workers N] [--reconcilers N] [--nightly]
-                    [--no-broker-faults | --private-broker] [--no-build] [--keep-logs] [--self-test]
+                    [--no-broker-faults | --private-broker] [--secure] [--no-build] [--keep-logs]
+                    [--self-test]
 
   --seed N            seed of every random choice (default: from the clock; printed)
   --intents N         distinct intents (default 2000; --nightly 50000)
@@ -96,6 +97,8 @@ USAGE: oncely-chaos [--seed N] [--intents N] [--min-kills N] [--duration-secs N]
   --nightly           nightly size (the defaults above marked nightly)
   --no-broker-faults  no `rabbitmqctl close_all_connections` (for runs alongside other tests)
   --private-broker    run on a private RabbitMQ node and close its connections only
+  --secure            production security (implies --private-broker): every process on its
+                      own least-privilege Postgres login and RabbitMQ user (docs/security.md)
   --no-build          do not build the workers first (`cargo build -p oncely-worker`, and
                       the fail-point worker into target/failpoints)
   --keep-logs         keep the logs, schedule and report even when the run passes
@@ -143,6 +146,8 @@ pub struct Options {
     pub self_test: bool,
     /// Keep the logs even when the run passes.
     pub keep_logs: bool,
+    /// Least-privilege logins and broker users for every process (a private broker).
+    pub secure: bool,
 }
 
 /// The command line as given, before defaults and limits.
@@ -160,6 +165,7 @@ struct Flags {
     build: bool,
     self_test: bool,
     keep_logs: bool,
+    secure: bool,
 }
 
 impl Default for Flags {
@@ -177,6 +183,7 @@ impl Default for Flags {
             build: true,
             self_test: false,
             keep_logs: false,
+            secure: false,
         }
     }
 }
@@ -208,6 +215,7 @@ impl Flags {
                 "--no-build" => f.build = false,
                 "--self-test" => f.self_test = true,
                 "--keep-logs" => f.keep_logs = true,
+                "--secure" => f.secure = true,
                 "-h" | "--help" => return Ok(None),
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -247,11 +255,16 @@ impl Flags {
             heal: Duration::from_secs(self.heal.unwrap_or(d_heal)),
             workers: self.workers,
             reconcilers: self.reconcilers,
-            broker: self.broker,
+            broker: if self.secure {
+                BrokerFaults::Private
+            } else {
+                self.broker
+            },
             nightly: self.nightly,
             build: self.build,
             self_test: self.self_test,
             keep_logs: self.keep_logs,
+            secure: self.secure,
         })
     }
 }
@@ -303,7 +316,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         None
     };
     let node = private.as_ref().map(|b| b.node().to_owned());
-    let fleet = Fleet::with(FleetOptions {
+    let mut fleet = Fleet::with(FleetOptions {
         timeout: PROVIDER_TIMEOUT.into(),
         lease: LEASE.into(),
         max_reconcile_checks: Some(MAX_RECONCILE_CHECKS as i32),
@@ -314,6 +327,10 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         ..FleetOptions::default()
     })
     .await;
+    if opts.secure {
+        eprintln!("chaos: least privilege: a Postgres login and a RabbitMQ user per process kind");
+        fleet.least_privilege(private.as_ref()).await;
+    }
     let setup = wall.elapsed();
     let result = drive(&opts, &fleet, &bins, node.as_deref(), setup, wall).await;
     let outcome = match result {
@@ -345,7 +362,7 @@ async fn drive(
     crew.maintain(opts.workers, opts.reconcilers, true)?;
     let progress = Arc::new(AtomicU64::new(0));
     let producer = tokio::spawn(workload::produce(
-        fleet.config.clone(),
+        fleet.producer_config(),
         fleet.data_keys(),
         opts.seed,
         opts.intents,

@@ -23,7 +23,7 @@ use oncely_producer::{Enqueued, Producer};
 use oncely_tests::fleet::{FAST_RECONCILER, Fleet, FleetOptions, binary, secret};
 use oncely_tests::gateway::{Gateway, TOKEN_A};
 use oncely_tests::private_broker::PrivateBroker;
-use oncely_tests::roles::DbRoles;
+use oncely_tests::roles::{DbRoles, Logins};
 use oncely_tests::{TestDb, eventually, unique_name};
 use serde_json::json;
 use std::collections::HashMap;
@@ -506,41 +506,6 @@ async fn only_the_owner_migrates_and_processes_name_the_grant_they_lack() {
     let _ = std::fs::remove_file(&tokens);
 }
 
-/// The Postgres URL of each process kind's login and the AMQP URL of its broker user.
-struct Logins {
-    db: HashMap<Role, String>,
-    amqp: HashMap<Role, String>,
-}
-
-/// A login in each runtime group role, and a broker user per role that uses RabbitMQ
-/// (named `oncely_<role>`), limited to the fleet's prefix.
-async fn logins(roles: &DbRoles, broker: &PrivateBroker, prefix: &str) -> Logins {
-    let mut db = HashMap::new();
-    for role in [Role::Worker, Role::Reconciler, Role::Producer, Role::Admin] {
-        db.insert(role, roles.login(role.suffix(), &[role]).await.1);
-    }
-    let mut amqp = HashMap::new();
-    for role in [Role::Worker, Role::Reconciler, Role::Producer] {
-        let p = rabbitmq::permissions(role, prefix).expect("a broker user");
-        let user = format!("oncely_{}", role.suffix());
-        broker
-            .add_user(&user, "pw", &p.configure, &p.write, &p.read)
-            .await;
-        amqp.insert(role, broker.url_as(&user, "pw"));
-    }
-    Logins { db, amqp }
-}
-
-impl Logins {
-    /// The environment of a process of `role`'s kind.
-    fn env(&self, role: Role) -> [(&'static str, &str); 2] {
-        [
-            ("DATABASE_URL", self.db[&role].as_str()),
-            ("ONCELY_AMQP_URL", self.amqp[&role].as_str()),
-        ]
-    }
-}
-
 /// Through a gateway on the producer's login and broker user: a request with a client
 /// `Idempotency-Key`, a long-poll until it is done, a repeat. Returns the key.
 async fn through_the_gateway(fleet: &Fleet, logins: &Logins) -> String {
@@ -609,7 +574,7 @@ async fn a_least_privilege_fleet_executes_each_action_once() {
     })
     .await;
     let roles = DbRoles::create(&fleet.db).await;
-    let logins = logins(&roles, &broker, &fleet.prefix).await;
+    let logins = Logins::create(&roles, Some(&broker), &fleet.prefix).await;
     let email = Intent::from_json(
         json!({"action_type": "email.send", "workflow_id": "case-roles",
         "step": "notify", "business_object": "email-1", "revision": 1,
