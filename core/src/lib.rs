@@ -12,6 +12,7 @@
 //! - [`db`]: connecting, creating and migrating the database.
 //! - [`journal`]: the operations journal — the only module with SQL.
 //! - [`telemetry`]: logging setup.
+//! - [`tls`]: certificate files and TLS failures in words (Postgres and RabbitMQ).
 //! - [`topology`]: RabbitMQ names and declarations.
 
 pub mod canonical;
@@ -26,6 +27,7 @@ pub mod publish;
 pub mod schema;
 pub mod status;
 pub mod telemetry;
+pub mod tls;
 pub mod topology;
 
 pub use identity::{ActionType, BusinessIdentity};

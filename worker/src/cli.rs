@@ -81,12 +81,19 @@ pub async fn context(config: Config, role: &str) -> anyhow::Result<Context> {
         ..PoolSettings::default()
     };
     // The database may be starting: retry for a while rather than exit on the first
-    // hiccup. A bad URL or a schema at another version fails at once.
+    // hiccup.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let pool = loop {
         match db::connect_checked(&config.database_url, &settings).await {
             Ok(pool) => break pool,
-            Err(e @ (db::DbError::BadUrl(_) | db::DbError::Schema { .. })) => return Err(e.into()),
+            // A bad URL, TLS settings or certificate, or a schema at another version will
+            // not fix itself in a minute: fail at once.
+            Err(
+                e @ (db::DbError::BadUrl(_)
+                | db::DbError::Schema { .. }
+                | db::DbError::TlsSettings { .. }
+                | db::DbError::Tls { .. }),
+            ) => return Err(e.into()),
             Err(e) if std::time::Instant::now() < deadline => {
                 tracing::warn!(error = %e, "database not ready; retrying");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
