@@ -1,6 +1,7 @@
 //! oncely-core: what every oncely process shares.
 //!
 //! # Layout
+//! - [`amqp`]: connecting to RabbitMQ, plain or TLS.
 //! - [`canonical`]: canonical JSON, byte-for-byte the article's Python.
 //! - [`identity`]: the business identity and [`ActionType`].
 //! - [`keys`]: idempotency keys, payload hashes, the key secret.
@@ -15,6 +16,7 @@
 //! - [`tls`]: certificate files and TLS failures in words (Postgres and RabbitMQ).
 //! - [`topology`]: RabbitMQ names and declarations.
 
+pub mod amqp;
 pub mod canonical;
 pub mod config;
 pub mod db;

@@ -7,7 +7,9 @@ use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use oncely_core::KeySecret;
-use oncely_core::config::{Config, ProviderConfig, ReconcilerConfig, WorkerConfig, parse_duration};
+use oncely_core::config::{
+    BrokerTls, Config, ProviderConfig, ReconcilerConfig, WorkerConfig, parse_duration,
+};
 use oncely_core::topology::Topology;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -110,6 +112,12 @@ pub struct FleetOptions {
     pub configure: Option<fn(&mut Config)>,
     /// The broker (default: the machine's, [`amqp_url`]); a private node for restart tests.
     pub amqp_url: Option<String>,
+    /// `[broker.tls]` of every process (with an `amqps://` [`FleetOptions::amqp_url`]).
+    pub broker_tls: BrokerTls,
+    /// The Postgres server the fleet's database is created on (default: the machine's,
+    /// [`crate::server_url`]); its query (`sslmode`, `sslrootcert`, …) is kept in the
+    /// database URL every process gets.
+    pub database_server: Option<String>,
     /// Providers reached over TLS: when any, a test CA, the sandbox's TLS listener with a
     /// certificate for `localhost`, and these providers at `https://localhost:PORT` with
     /// `ca_file` set to the CA (the others stay on the plain listener).
@@ -126,6 +134,8 @@ impl Default for FleetOptions {
             reconciler: None,
             configure: None,
             amqp_url: None,
+            broker_tls: BrokerTls::default(),
+            database_server: None,
             tls: &[],
         }
     }
@@ -151,6 +161,7 @@ impl FleetOptions {
         config.database_url = database_url.to_owned();
         config.broker.url = amqp_url.to_owned();
         config.broker.prefix = prefix.to_owned();
+        config.broker.tls = self.broker_tls.clone();
         config.worker = WorkerConfig {
             prefetch: 64,
             max_in_flight: 32,
@@ -233,7 +244,10 @@ impl Fleet {
     /// A fleet from options.
     pub async fn with(o: FleetOptions) -> Fleet {
         let amqp_url = o.amqp_url.clone().unwrap_or_else(crate::amqp_url);
-        let db = TestDb::new().await;
+        let db = match &o.database_server {
+            Some(server) => TestDb::on(server).await,
+            None => TestDb::new().await,
+        };
         let local = || "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
         let mut sandbox = oncely_sandbox::spawn(local())
             .await
@@ -271,7 +285,7 @@ impl Fleet {
         let loaded = Config::from_toml(&toml, "test", std::iter::empty())
             .unwrap_or_else(|e| panic!("test config: {e}"));
         assert_eq!(loaded, config, "the written config reads back differently");
-        let conn = oncely_core::topology::connect(&amqp_url, "oncely-test")
+        let conn = oncely_core::topology::connect(&config.broker, "oncely-test")
             .await
             .unwrap_or_else(|e| panic!("RabbitMQ: {e}"));
         let channel = conn
@@ -496,7 +510,7 @@ impl Drop for Fleet {
         let topology = self.topology();
         let actions: Vec<String> = self.config.actions.keys().cloned().collect();
         let channel = self.channel.clone();
-        let url = self.config.broker.url.clone();
+        let broker = self.config.broker.clone();
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -505,7 +519,7 @@ impl Drop for Fleet {
             rt.block_on(async move {
                 // The test's own channel may be closed by then: use a fresh connection.
                 let _ = channel;
-                let conn = oncely_core::topology::connect(&url, "oncely-test-cleanup")
+                let conn = oncely_core::topology::connect(&broker, "oncely-test-cleanup")
                     .await
                     .ok()?;
                 let ch = conn.create_channel().await.ok()?;
