@@ -149,6 +149,7 @@ pub mod gateway;
 pub mod localstripe;
 pub mod mail;
 pub mod private_broker;
+pub mod private_pg;
 pub mod proxy;
 pub mod tls;
 
