@@ -39,7 +39,31 @@ pub fn binary(name: &str) -> PathBuf {
         .unwrap_or_default();
     let path = dir.join(name);
     BUILT.get_or_init(|| {
-        let status = std::process::Command::new(env!("CARGO"))
+        let mut cargo = std::process::Command::new(env!("CARGO"));
+        // The variables Cargo sets for *this* test crate (CARGO_PKG_NAME, CARGO_MANIFEST_DIR,
+        // OUT_DIR, …) must not reach the nested build: build scripts that watch them
+        // (ring's `rerun-if-env-changed=CARGO_PKG_NAME`, …) would see them change between
+        // a build from a shell and one from here, and every switch would rebuild ring and
+        // all that depends on it (rustls, sqlx, lapin, every binary): minutes, inside the
+        // deadline of whichever test asked first.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name == "OUT_DIR"
+                || name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_BIN_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || [
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                    "CARGO_RUSTC_CURRENT_DIR",
+                ]
+                .contains(&name.as_ref())
+            {
+                cargo.env_remove(name.as_ref());
+            }
+        }
+        let status = cargo
             .args([
                 "build",
                 "--bins",
