@@ -17,3 +17,4 @@ mod runner;
 mod smtp;
 mod statement;
 mod stripe;
+mod tls_backends;
