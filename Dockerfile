@@ -8,7 +8,8 @@
 #   docker build -t oncely .
 #   docker run --rm oncely oncely-worker --help
 #
-# docker-compose.yml builds it for the whole fleet. TLS (to providers) is rustls on ring:
+# docker-compose.yml builds it for the whole fleet. TLS (to providers, Postgres and
+# RabbitMQ) is rustls on ring:
 # no OpenSSL is linked (see Cargo.toml).
 
 ARG RUST_VERSION=1.94

@@ -5,6 +5,7 @@ use super::sys::{self, CpuSampler, CpuUse};
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
+use oncely_core::config::BrokerConfig;
 use oncely_core::publish::Publisher;
 use oncely_core::topology;
 use serde::Serialize;
@@ -48,7 +49,7 @@ pub async fn run(
 
 /// Delete a bare queue.
 pub async fn delete_queue(amqp_url: &str, queue: &str) -> anyhow::Result<()> {
-    let conn = topology::connect(amqp_url, "oncely-bench-cleanup").await?;
+    let conn = topology::connect(&BrokerConfig::at(amqp_url), "oncely-bench-cleanup").await?;
     let ch = conn.create_channel().await?;
     ch.queue_delete(queue.into(), Default::default()).await?;
     let _ = conn.close(200, "bench cleanup".into()).await;
@@ -63,8 +64,8 @@ async fn measure(
 ) -> anyhow::Result<BrokerResult> {
     let n = bodies.len();
     // Producer and consumer on their own connections, as they are in a deployment.
-    let pconn = topology::connect(amqp_url, "oncely-bench-publisher").await?;
-    let cconn = topology::connect(amqp_url, "oncely-bench-consumer").await?;
+    let pconn = topology::connect(&BrokerConfig::at(amqp_url), "oncely-bench-publisher").await?;
+    let cconn = topology::connect(&BrokerConfig::at(amqp_url), "oncely-bench-consumer").await?;
     let publisher = Publisher::open(&pconn).await?;
     let mut args = FieldTable::default();
     args.insert(

@@ -232,7 +232,7 @@ async fn measure(
     std::fs::write(&config_path, config.to_toml()?)?;
 
     // The topology exists before any worker or producer starts.
-    let conn = topology::connect(&env.amqp_url, "oncely-bench").await?;
+    let conn = topology::connect(&config.broker, "oncely-bench").await?;
     let channel = conn.create_channel().await?;
     let topo = Topology::new(&config.broker);
     topo.declare(&channel, &ACTIONS).await?;

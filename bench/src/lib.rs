@@ -155,7 +155,7 @@ pub async fn drop_database(server_url: &str, name: &str) -> anyhow::Result<()> {
 
 /// Delete the oncely queues and exchanges of `prefix`.
 pub async fn delete_topology(amqp_url: &str, prefix: &str) -> anyhow::Result<()> {
-    let conn = topology::connect(amqp_url, "oncely-bench-cleanup").await?;
+    let conn = topology::connect(&BrokerConfig::at(amqp_url), "oncely-bench-cleanup").await?;
     let ch = conn.create_channel().await?;
     let topo = Topology::new(&BrokerConfig {
         prefix: prefix.to_owned(),

@@ -5,6 +5,7 @@ use super::broker::BrokerResult;
 use super::fleet::FleetResult;
 use super::journal::JournalResult;
 use super::sys::{CpuUse, Machine};
+use oncely_core::config::BrokerConfig;
 use oncely_core::db::{self, PoolSettings};
 use oncely_core::topology;
 use serde::Serialize;
@@ -46,11 +47,8 @@ impl Services {
         .await?;
         let (version, sync) = db::server_facts(&pool).await?;
         pool.close().await;
-        let conn = topology::connect(amqp_url, "oncely-bench-probe")
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!("RabbitMQ at {}: {e}", topology::describe_amqp(amqp_url))
-            })?;
+        // The error names the broker (never the password).
+        let conn = topology::connect(&BrokerConfig::at(amqp_url), "oncely-bench-probe").await?;
         let _ = conn.close(200, "probe".into()).await;
         Ok(Services {
             postgres: db::describe(database_url),

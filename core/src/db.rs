@@ -7,10 +7,24 @@
 //! (and test, demo and bench set-up) applies them: a worker, reconciler or admin process
 //! needs no DDL rights; it checks at start that its role holds what it needs and that the
 //! database is at its version ([`connect_checked_as`]) and refuses to run otherwise.
+//!
+//! # TLS
+//! sqlx does the TLS (rustls on ring, the system's CA bundle) from the URL's `sslmode`,
+//! `sslrootcert`, `sslcert` and `sslkey` (or the `PGSSL…` environment). Before any
+//! connection, [`connect`] refuses the combinations where the URL promises more than the
+//! driver does ([`check_tls_settings`]): certificate files with `sslmode=disable`/`prefer`
+//! (never checked; `prefer` also falls back to plain text), `sslrootcert` with
+//! `sslmode=require` (libpq would check the CA, sqlx does not), and `sslmode=allow`
+//! (sqlx treats it as `disable`). Files named in the URL must be readable at start. A
+//! failed handshake is a [`DbError::Tls`] that says why in words. Production uses
+//! `sslmode=verify-full` (CA *and* host name); a warning is logged for a remote server
+//! reached any other way.
 
+use crate::tls::{self, TlsFailure};
 use sqlx::migrate::{MigrateDatabase, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{PgPool, Postgres};
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -23,6 +37,23 @@ pub enum DbError {
     /// `DATABASE_URL` is not a valid Postgres URL.
     #[error("DATABASE_URL is not a valid postgres:// URL: {0}")]
     BadUrl(String),
+    /// The URL's TLS settings contradict each other or name a file that cannot be read:
+    /// fix the URL (retrying will not help).
+    #[error("DATABASE_URL's TLS settings for {target}: {problem}")]
+    TlsSettings {
+        /// `user@host:port/db`, without password.
+        target: String,
+        /// What is wrong and what to write instead.
+        problem: String,
+    },
+    /// The TLS handshake failed: the certificate, the host name, or no TLS at all.
+    #[error("cannot connect to Postgres database {target} over TLS: {failure}{}", pg_hint(.failure))]
+    Tls {
+        /// `user@host:port/db`, without password.
+        target: String,
+        /// What went wrong, in words.
+        failure: TlsFailure,
+    },
     /// The server refused or could not be reached.
     #[error("cannot connect to Postgres database {target}: {source}")]
     Connect {
@@ -85,6 +116,216 @@ pub fn describe(url: &str) -> String {
     }
 }
 
+/// What to check next, for the operator reading a [`DbError::Tls`].
+fn pg_hint(failure: &TlsFailure) -> &'static str {
+    match failure {
+        TlsFailure::NotTrusted => {
+            " (trusted: the CA in the URL's sslrootcert, and the system's CA bundle)"
+        }
+        TlsFailure::NameMismatch { .. } => {
+            " (sslmode=verify-full checks the URL's host name: use a name the certificate carries)"
+        }
+        TlsFailure::NotTls => " (the URL's sslmode requires TLS: turn on ssl at the server)",
+        TlsFailure::ClientCertificateRequired
+        | TlsFailure::ClientCertificateRejected
+        | TlsFailure::Closed => " (the client certificate is the URL's sslcert and sslkey)",
+        _ => "",
+    }
+}
+
+/// The TLS parameters of a URL as sqlx will use them: the URL's, else the `PGSSL…`
+/// environment (sqlx's own fallback). sqlx has no getters for the file parameters.
+#[derive(Debug, Clone)]
+struct TlsParams {
+    mode: PgSslMode,
+    root_cert: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+}
+
+impl TlsParams {
+    fn of(url: &str, opts: &PgConnectOptions) -> Self {
+        let env = |name: &str| std::env::var(name).ok();
+        let mut p = TlsParams {
+            mode: opts.get_ssl_mode(),
+            root_cert: env("PGSSLROOTCERT"),
+            cert: env("PGSSLCERT"),
+            key: env("PGSSLKEY"),
+        };
+        if let Ok(u) = url::Url::parse(url) {
+            for (k, v) in u.query_pairs() {
+                // The same spellings sqlx accepts.
+                let slot = match &*k {
+                    "sslrootcert" | "ssl-root-cert" | "ssl-ca" => &mut p.root_cert,
+                    "sslcert" | "ssl-cert" => &mut p.cert,
+                    "sslkey" | "ssl-key" => &mut p.key,
+                    _ => continue,
+                };
+                *slot = Some(v.into_owned());
+            }
+        }
+        p
+    }
+}
+
+fn mode_name(mode: PgSslMode) -> &'static str {
+    match mode {
+        PgSslMode::Disable => "disable",
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer",
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+        PgSslMode::VerifyFull => "verify-full",
+    }
+}
+
+/// Refuse TLS settings that promise more than the driver does, and files that cannot
+/// be read (sqlx would read them at the first connection, with an error that names no
+/// file). Why each rule: see the module docs.
+fn check_tls_params(p: &TlsParams) -> Result<(), String> {
+    let mode = mode_name(p.mode);
+    let files = [
+        ("sslrootcert", &p.root_cert),
+        ("sslcert", &p.cert),
+        ("sslkey", &p.key),
+    ];
+    let named: Vec<&str> = files
+        .iter()
+        .filter(|(_, v)| v.is_some())
+        .map(|(n, _)| *n)
+        .collect();
+    match p.mode {
+        PgSslMode::Allow => {
+            return Err(
+                "sslmode=allow never uses TLS with this driver (sqlx treats it as \
+                        disable): use sslmode=verify-full, or sslmode=disable if plain text \
+                        is really meant"
+                    .into(),
+            );
+        }
+        PgSslMode::Disable | PgSslMode::Prefer if !named.is_empty() => {
+            return Err(format!(
+                "{} set, but sslmode={mode} never checks a certificate{}: use sslmode=verify-full",
+                named.join(", "),
+                if matches!(p.mode, PgSslMode::Prefer) {
+                    " and falls back to plain text (sslmode=prefer is the default when the \
+                     URL has none)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        PgSslMode::Require if p.root_cert.is_some() => {
+            return Err(
+                "sslrootcert is set, but sslmode=require does not check the server's \
+                        certificate with it (libpq would; sqlx does not): use \
+                        sslmode=verify-full (or verify-ca)"
+                    .into(),
+            );
+        }
+        _ => {}
+    }
+    match (&p.cert, &p.key) {
+        (Some(_), None) => return Err("sslcert is set without sslkey (its private key)".into()),
+        (None, Some(_)) => return Err("sslkey is set without sslcert".into()),
+        _ => {}
+    }
+    for (name, value) in files {
+        let Some(value) = value else { continue };
+        // sqlx also takes the PEM text itself instead of a path.
+        if value.trim_start().starts_with("-----BEGIN") {
+            continue;
+        }
+        tls::check_readable(Path::new(value)).map_err(|e| {
+            let hint = if name == "sslrootcert" && value == "system" {
+                " (libpq's sslrootcert=system is not supported: leave sslrootcert out to \
+                 trust the system's CA bundle)"
+            } else {
+                ""
+            };
+            format!("{name}: {e}{hint}")
+        })?;
+    }
+    Ok(())
+}
+
+/// Parse `url` and check its TLS settings ([`check_tls_params`]); log a warning when a
+/// remote server is reached without `sslmode=verify-full`/`verify-ca`.
+pub fn check_tls_settings(url: &str) -> Result<PgConnectOptions, DbError> {
+    let opts = PgConnectOptions::from_str(url).map_err(|e| DbError::BadUrl(e.to_string()))?;
+    let params = TlsParams::of(url, &opts);
+    check_tls_params(&params).map_err(|problem| DbError::TlsSettings {
+        target: describe(url),
+        problem,
+    })?;
+    let verified = matches!(params.mode, PgSslMode::VerifyFull | PgSslMode::VerifyCa);
+    if !verified && !is_local(&opts) {
+        tracing::warn!(
+            target = %describe(url),
+            sslmode = mode_name(params.mode),
+            "the connection to Postgres is not verified (and may be plain text): use sslmode=verify-full"
+        );
+    }
+    Ok(opts)
+}
+
+/// A Unix socket or a loopback address: no network to listen on.
+fn is_local(opts: &PgConnectOptions) -> bool {
+    let host = opts.get_host();
+    opts.get_socket().is_some()
+        || host.starts_with('/')
+        || host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The TLS failure in a driver error, if it is one. `tls_required`: the URL's sslmode
+/// is `require` or `verify-…`, so a connection closed before the server said anything
+/// in the Postgres protocol (which sqlx reports as a bare I/O error) is put down to TLS.
+fn tls_failure(err: &sqlx::Error, tls_required: bool) -> Option<TlsFailure> {
+    match err {
+        sqlx::Error::Tls(inner) => {
+            let inner: &(dyn std::error::Error + 'static) = inner.as_ref();
+            Some(TlsFailure::find(inner).unwrap_or_else(|| {
+                let text = inner.to_string();
+                // sqlx's words when the server answers "N" to the SSLRequest.
+                if text.contains("does not support TLS") {
+                    TlsFailure::NotTls
+                } else {
+                    TlsFailure::Other(text)
+                }
+            }))
+        }
+        sqlx::Error::Io(io) => {
+            TlsFailure::find(io).or_else(|| tls_required.then(|| TlsFailure::closed(io)).flatten())
+        }
+        _ => None,
+    }
+}
+
+/// A failed connection as a [`DbError`]: [`DbError::Tls`] when TLS is why.
+fn connect_error(url: &str, source: sqlx::Error) -> DbError {
+    let tls_required = PgConnectOptions::from_str(url).is_ok_and(|o| {
+        matches!(
+            o.get_ssl_mode(),
+            PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
+        )
+    });
+    match tls_failure(&source, tls_required) {
+        Some(failure) => DbError::Tls {
+            target: describe(url),
+            failure,
+        },
+        None => DbError::Connect {
+            target: describe(url),
+            source,
+        },
+    }
+}
+
 /// Pool settings for a process.
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
@@ -103,29 +344,23 @@ impl Default for PoolSettings {
     }
 }
 
-/// Connect a pool (the database must exist).
+/// Connect a pool (the database must exist), after checking the URL's TLS settings.
 pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, DbError> {
-    let opts = PgConnectOptions::from_str(url).map_err(|e| DbError::BadUrl(e.to_string()))?;
+    let opts = check_tls_settings(url)?;
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
         .connect_with(opts)
         .await
-        .map_err(|source| DbError::Connect {
-            target: describe(url),
-            source,
-        })
+        .map_err(|source| connect_error(url, source))
 }
 
 /// Create the database named in `url` if it does not exist. Returns whether it created it.
 pub async fn create_if_missing(url: &str) -> Result<bool, DbError> {
-    PgConnectOptions::from_str(url).map_err(|e| DbError::BadUrl(e.to_string()))?;
+    check_tls_settings(url)?;
     let exists = Postgres::database_exists(url)
         .await
-        .map_err(|source| DbError::Connect {
-            target: describe(url),
-            source,
-        })?;
+        .map_err(|source| connect_error(url, source))?;
     if exists {
         return Ok(false);
     }
@@ -133,9 +368,12 @@ pub async fn create_if_missing(url: &str) -> Result<bool, DbError> {
         Ok(()) => Ok(true),
         // Another process created it between our check and our CREATE: fine.
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => Ok(false),
-        Err(source) => Err(DbError::Create {
-            target: describe(url),
-            source,
+        Err(source) => Err(match tls_failure(&source, false) {
+            Some(_) => connect_error(url, source),
+            None => DbError::Create {
+                target: describe(url),
+                source,
+            },
         }),
     }
 }
@@ -320,6 +558,69 @@ mod tests {
             needed,
         };
         assert!(newer.to_string().contains("newer than this binary"));
+    }
+
+    fn tls_problem(url: &str) -> Option<String> {
+        let opts = PgConnectOptions::from_str(url).expect("url");
+        check_tls_params(&TlsParams::of(url, &opts)).err()
+    }
+
+    #[test]
+    fn tls_settings_that_promise_more_than_the_driver_does_are_refused() {
+        let ca = "/etc/ssl/certs/ca-certificates.crt";
+        let base = "postgres://u:hunter2@db.example/oncely";
+        for (query, words) in [
+            (
+                format!("sslmode=prefer&sslrootcert={ca}"),
+                "sslmode=prefer never checks",
+            ),
+            (format!("sslrootcert={ca}"), "sslmode=prefer never checks"),
+            (
+                format!("sslmode=disable&sslrootcert={ca}"),
+                "sslmode=disable never checks",
+            ),
+            (
+                format!("sslmode=require&sslrootcert={ca}"),
+                "sslmode=require does not check",
+            ),
+            ("sslmode=allow".to_owned(), "sslmode=allow never uses TLS"),
+            (
+                format!("sslmode=verify-full&sslcert={ca}"),
+                "sslcert is set without sslkey",
+            ),
+            (
+                "sslmode=verify-full&sslrootcert=/nonexistent/ca.pem".to_owned(),
+                "sslrootcert: cannot read /nonexistent/ca.pem",
+            ),
+            (
+                "sslmode=verify-full&sslrootcert=system".to_owned(),
+                "sslrootcert=system is not supported",
+            ),
+        ] {
+            let problem = tls_problem(&format!("{base}?{query}"))
+                .unwrap_or_else(|| panic!("{query} should be refused"));
+            assert!(problem.contains(words), "{query}: {problem}");
+        }
+        for query in [
+            String::new(),
+            "?sslmode=disable".into(),
+            "?sslmode=require".into(),
+            format!("?sslmode=verify-ca&sslrootcert={ca}"),
+            format!("?sslmode=verify-full&sslrootcert={ca}&sslcert={ca}&sslkey={ca}"),
+        ] {
+            assert_eq!(tls_problem(&format!("{base}{query}")), None, "{query}");
+        }
+    }
+
+    #[test]
+    fn tls_settings_errors_name_the_server_not_the_password() {
+        let err = check_tls_settings(
+            "postgres://u:hunter2@db.example:6543/oncely?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+        )
+        .expect_err("missing CA")
+        .to_string();
+        assert!(err.contains("u@db.example:6543/oncely"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
     }
 
     #[test]

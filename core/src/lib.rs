@@ -1,6 +1,7 @@
 //! oncely-core: what every oncely process shares.
 //!
 //! # Layout
+//! - [`amqp`]: connecting to RabbitMQ, plain or TLS.
 //! - [`canonical`]: canonical JSON, byte-for-byte the article's Python.
 //! - [`identity`]: the business identity and [`ActionType`].
 //! - [`keys`]: idempotency keys, payload hashes, the key secret.
@@ -15,8 +16,10 @@
 //! - [`roles`]: least privilege — Postgres group roles and grants, the start-up check,
 //!   RabbitMQ permissions.
 //! - [`telemetry`]: logging setup.
+//! - [`tls`]: certificate files and TLS failures in words (Postgres and RabbitMQ).
 //! - [`topology`]: RabbitMQ names and declarations.
 
+pub mod amqp;
 pub mod canonical;
 pub mod config;
 pub mod db;
@@ -31,6 +34,7 @@ pub mod schema;
 pub mod sealing;
 pub mod status;
 pub mod telemetry;
+pub mod tls;
 pub mod topology;
 
 pub use identity::{ActionType, BusinessIdentity};

@@ -15,6 +15,7 @@
 //! Declaring is idempotent; a declaration that differs from an existing queue's
 //! arguments fails loudly (PRECONDITION_FAILED) rather than silently diverging.
 
+use crate::amqp::{AmqpConnector, AmqpError};
 use crate::config::BrokerConfig;
 use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
@@ -236,9 +237,9 @@ pub fn describe_amqp(url: &str) -> String {
     }
 }
 
-/// Connect to RabbitMQ, naming the connection after this process (visible in the
-/// management UI and in `rabbitmqctl list_connections`).
-pub async fn connect(url: &str, name: &str) -> Result<lapin::Connection, lapin::Error> {
-    let props = lapin::ConnectionProperties::default().with_connection_name(name.into());
-    lapin::Connection::connect(url, props).await
+/// Connect to the broker of `broker` (its URL and `[broker.tls]`), naming the
+/// connection after this process. Reads the TLS files each time: a process that
+/// reconnects often should keep an [`AmqpConnector`] instead.
+pub async fn connect(broker: &BrokerConfig, name: &str) -> Result<lapin::Connection, AmqpError> {
+    AmqpConnector::new(broker)?.connect(name).await
 }

@@ -134,7 +134,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
     }
     // A few invalid messages published straight to the broker, as a buggy agent would.
-    let conn = oncely_core::topology::connect(&config.broker.url, "oncely-demo").await?;
+    let conn = oncely_core::topology::connect(&config.broker, "oncely-demo").await?;
     let publisher = Publisher::open(&conn).await?;
     let exchange = oncely_core::topology::Topology::new(&config.broker).actions_exchange();
     let mut forged = intent("email.send", 0, 0).seal(&secret)?.to_json();

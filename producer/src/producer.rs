@@ -116,14 +116,10 @@ impl Producer {
         )
         .await
         .map_err(|e| ProducerError::Connect(e.to_string()))?;
-        let conn = topology::connect(&config.broker.url, "oncely-producer")
+        // The error names the broker (never the password) and, for TLS, what is wrong.
+        let conn = topology::connect(&config.broker, "oncely-producer")
             .await
-            .map_err(|e| {
-                ProducerError::Connect(format!(
-                    "RabbitMQ at {}: {e}",
-                    topology::describe_amqp(&config.broker.url)
-                ))
-            })?;
+            .map_err(|e| ProducerError::Connect(e.to_string()))?;
         let topology = Topology::new(&config.broker);
         let publisher = Publisher::open(&conn)
             .await

@@ -7,7 +7,9 @@ use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use oncely_core::KeyRing;
-use oncely_core::config::{Config, ProviderConfig, ReconcilerConfig, WorkerConfig, parse_duration};
+use oncely_core::config::{
+    BrokerTls, Config, ProviderConfig, ReconcilerConfig, WorkerConfig, parse_duration,
+};
 use oncely_core::topology::Topology;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -42,7 +44,31 @@ pub fn binary(name: &str) -> PathBuf {
     };
     let path = dir.join(name);
     BUILT.get_or_init(|| {
-        let status = std::process::Command::new(env!("CARGO"))
+        let mut cargo = std::process::Command::new(env!("CARGO"));
+        // The variables Cargo sets for *this* test crate (CARGO_PKG_NAME, CARGO_MANIFEST_DIR,
+        // OUT_DIR, …) must not reach the nested build: build scripts that watch them
+        // (ring's `rerun-if-env-changed=CARGO_PKG_NAME`, …) would see them change between
+        // a build from a shell and one from here, and every switch would rebuild ring and
+        // all that depends on it (rustls, sqlx, lapin, every binary): minutes, inside the
+        // deadline of whichever test asked first.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name == "OUT_DIR"
+                || name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_BIN_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || [
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                    "CARGO_RUSTC_CURRENT_DIR",
+                ]
+                .contains(&name.as_ref())
+            {
+                cargo.env_remove(name.as_ref());
+            }
+        }
+        let status = cargo
             .args([
                 "build",
                 "--bins",
@@ -115,6 +141,12 @@ pub struct FleetOptions {
     pub configure: Option<fn(&mut Config)>,
     /// The broker (default: the machine's, [`amqp_url`]); a private node for restart tests.
     pub amqp_url: Option<String>,
+    /// `[broker.tls]` of every process (with an `amqps://` [`FleetOptions::amqp_url`]).
+    pub broker_tls: BrokerTls,
+    /// The Postgres server the fleet's database is created on (default: the machine's,
+    /// [`crate::server_url`]); its query (`sslmode`, `sslrootcert`, …) is kept in the
+    /// database URL every process gets.
+    pub database_server: Option<String>,
     /// Providers reached over TLS: when any, a test CA, the sandbox's TLS listener with a
     /// certificate for `localhost`, and these providers at `https://localhost:PORT` with
     /// `ca_file` set to the CA (the others stay on the plain listener).
@@ -134,6 +166,8 @@ impl Default for FleetOptions {
             reconciler: None,
             configure: None,
             amqp_url: None,
+            broker_tls: BrokerTls::default(),
+            database_server: None,
             tls: &[],
             seal_payloads: false,
         }
@@ -160,6 +194,7 @@ impl FleetOptions {
         config.database_url = database_url.to_owned();
         config.broker.url = amqp_url.to_owned();
         config.broker.prefix = prefix.to_owned();
+        config.broker.tls = self.broker_tls.clone();
         config.worker = WorkerConfig {
             prefetch: 64,
             max_in_flight: 32,
@@ -247,7 +282,10 @@ impl Fleet {
     /// A fleet from options.
     pub async fn with(o: FleetOptions) -> Fleet {
         let amqp_url = o.amqp_url.clone().unwrap_or_else(crate::amqp_url);
-        let db = TestDb::new().await;
+        let db = match &o.database_server {
+            Some(server) => TestDb::on(server).await,
+            None => TestDb::new().await,
+        };
         let local = || "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
         let mut sandbox = oncely_sandbox::spawn(local())
             .await
@@ -285,7 +323,7 @@ impl Fleet {
         let loaded = Config::from_toml(&toml, "test", std::iter::empty())
             .unwrap_or_else(|e| panic!("test config: {e}"));
         assert_eq!(loaded, config, "the written config reads back differently");
-        let conn = oncely_core::topology::connect(&amqp_url, "oncely-test")
+        let conn = oncely_core::topology::connect(&config.broker, "oncely-test")
             .await
             .unwrap_or_else(|e| panic!("RabbitMQ: {e}"));
         let channel = conn
@@ -597,7 +635,7 @@ impl Drop for Fleet {
         let topology = self.topology();
         let actions: Vec<String> = self.config.actions.keys().cloned().collect();
         let channel = self.channel.clone();
-        let url = self.config.broker.url.clone();
+        let broker = self.config.broker.clone();
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -606,7 +644,7 @@ impl Drop for Fleet {
             rt.block_on(async move {
                 // The test's own channel may be closed by then: use a fresh connection.
                 let _ = channel;
-                let conn = oncely_core::topology::connect(&url, "oncely-test-cleanup")
+                let conn = oncely_core::topology::connect(&broker, "oncely-test-cleanup")
                     .await
                     .ok()?;
                 let ch = conn.create_channel().await.ok()?;

@@ -64,15 +64,16 @@ pub struct TestDb {
 }
 
 impl TestDb {
-    /// Create and migrate a new database.
+    /// Create and migrate a new database on the tests' server ([`server_url`]).
     pub async fn new() -> TestDb {
+        Self::on(&server_url()).await
+    }
+
+    /// Create and migrate a new database on the server of `server` (a URL whose query,
+    /// e.g. `sslmode=verify-full&sslrootcert=…`, the database's URL keeps).
+    pub async fn on(server: &str) -> TestDb {
         let name = unique_name("oncely_t");
-        let server = server_url();
-        let base = server
-            .rsplit_once('/')
-            .map(|(b, _)| b.to_owned())
-            .unwrap_or(server);
-        let url = format!("{base}/{name}");
+        let url = oncely_core::db::database_url(server, &name);
         let pool = prepare(
             &url,
             &PoolSettings {
@@ -94,7 +95,8 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let server = server_url();
+        // The maintenance database of this database's server, with its TLS settings.
+        let server = oncely_core::db::database_url(&self.url, "postgres");
         // Drop runs outside any runtime guarantee: use a private one on its own thread.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -104,6 +106,7 @@ impl Drop for TestDb {
             rt.block_on(async move {
                 let pool = sqlx::postgres::PgPoolOptions::new()
                     .max_connections(1)
+                    .acquire_timeout(Duration::from_secs(10))
                     .connect(&server)
                     .await
                     .ok()?;
@@ -146,6 +149,7 @@ pub mod gateway;
 pub mod localstripe;
 pub mod mail;
 pub mod private_broker;
+pub mod private_pg;
 pub mod proxy;
 pub mod roles;
 pub mod tls;

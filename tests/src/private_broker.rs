@@ -21,7 +21,16 @@
 //! come back unusable (`541 INTERNAL_ERROR`, leader not known; measured on RabbitMQ
 //! 3.10.8), and a test should declare its queues well before a
 //! restart anyway. Dropping the broker stops the node and removes its directory.
+//!
+//! With [`PrivateBroker::start_tls`] the node also listens for `amqps://` on a port of
+//! its own (`listeners.ssl.default`), presenting a certificate signed by the test's CA,
+//! and, if asked, requires a client certificate signed by that CA (`verify_peer`,
+//! `fail_if_no_peer_cert`). The plain listener stays (the boot check and the restart
+//! logic use it); a test that wants TLS connects to [`PrivateBroker::tls_url`] and can
+//! check with [`PrivateBroker::connections`] that every client did. The certificate
+//! files live in the node's directory, owned by `rabbitmq` like the rest.
 
+use crate::tls::TestCa;
 use crate::{eventually, unique_name};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -40,35 +49,78 @@ pub struct PrivateBroker {
     node: String,
     port: u16,
     dist_port: u16,
+    tls_port: Option<u16>,
     dir: PathBuf,
 }
 
-/// Two distinct free TCP ports on 127.0.0.1 (both listeners are held while choosing).
-fn free_ports() -> (u16, u16) {
-    let a = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("free port: {e}"));
-    let b = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("free port: {e}"));
-    let port = |l: &TcpListener| {
-        l.local_addr()
+/// The TLS listener of a private node.
+#[derive(Debug, Clone, Copy)]
+pub struct BrokerTls<'a> {
+    /// The CA that signs the server certificate (and vouches for client certificates).
+    pub ca: &'a TestCa,
+    /// The names (DNS names or IPs) in the server certificate.
+    pub names: &'a [&'a str],
+    /// Refuse clients without a certificate signed by `ca`.
+    pub require_client_cert: bool,
+}
+
+/// `N` distinct free TCP ports on 127.0.0.1 (all listeners are held while choosing).
+fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("free port: {e}")))
+        .collect();
+    std::array::from_fn(|i| {
+        listeners[i]
+            .local_addr()
             .unwrap_or_else(|e| panic!("free port: {e}"))
             .port()
-    };
-    (port(&a), port(&b))
+    })
 }
 
 impl PrivateBroker {
     /// Start a new node and wait until it accepts AMQP connections.
     pub async fn start() -> PrivateBroker {
+        Self::start_with(None).await
+    }
+
+    /// Start a new node with a TLS listener as well (see the module docs).
+    pub async fn start_tls(tls: BrokerTls<'_>) -> PrivateBroker {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<BrokerTls<'_>>) -> PrivateBroker {
         let name = unique_name("oncely_t");
         let node = format!("{name}@localhost");
         let dir = std::env::temp_dir().join(format!("{name}_rabbitmq"));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        let (port, dist_port) = free_ports();
+        let [port, dist_port, tls_port] = free_ports::<3>();
         std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(
-            dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let mut conf = format!("listeners.tcp.default = 127.0.0.1:{port}\n");
+        if let Some(tls) = &tls {
+            let (cert, key) = tls.ca.server_pem(tls.names);
+            let files = [
+                ("ca.pem", tls.ca.ca_pem()),
+                ("server.pem", cert),
+                ("server.key", key),
+            ];
+            for (file, text) in &files {
+                std::fs::write(dir.join(file), text).unwrap_or_else(|e| panic!("{e}"));
+            }
+            let verify = if tls.require_client_cert {
+                "verify_peer\nssl_options.fail_if_no_peer_cert = true"
+            } else {
+                "verify_none"
+            };
+            conf.push_str(&format!(
+                "listeners.ssl.default = 127.0.0.1:{tls_port}\n\
+                 ssl_options.cacertfile = {d}/ca.pem\n\
+                 ssl_options.certfile = {d}/server.pem\n\
+                 ssl_options.keyfile = {d}/server.key\n\
+                 ssl_options.verify = {verify}\n",
+                d = dir.display()
+            ));
+        }
+        std::fs::write(dir.join("rabbitmq.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
         let status = StdCommand::new("chown")
             .args(["-R", "rabbitmq:rabbitmq"])
             .arg(&dir)
@@ -79,6 +131,7 @@ impl PrivateBroker {
             node,
             port,
             dist_port,
+            tls_port: tls.map(|_| tls_port),
             dir,
         };
         broker.boot().await;
@@ -98,6 +151,48 @@ impl PrivateBroker {
     /// Its AMQP URL.
     pub fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// Its `amqps://` URL with `host` (`localhost` or `127.0.0.1`, whichever name the
+    /// test wants the certificate checked against). Panics without a TLS listener.
+    pub fn tls_url(&self, host: &str) -> String {
+        let port = self
+            .tls_port
+            .unwrap_or_else(|| panic!("{} has no TLS listener", self.node));
+        format!("amqps://guest:guest@{host}:{port}/%2f")
+    }
+
+    /// Every client connection: its name (the process's, e.g. `oncely-producer`) and
+    /// whether it uses TLS (`rabbitmqctl list_connections client_properties ssl`).
+    pub async fn connections(&self) -> Vec<(String, bool)> {
+        let out = self
+            .ctl(&[
+                "list_connections",
+                "client_properties",
+                "ssl",
+                "--formatter",
+                "json",
+            ])
+            .await;
+        assert!(
+            out.status.success(),
+            "list_connections on {}: {}",
+            self.node,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let list: Vec<serde_json::Value> =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+                panic!(
+                    "list_connections output ({e}): {}",
+                    String::from_utf8_lossy(&out.stdout)
+                )
+            });
+        list.iter()
+            .map(|c| {
+                let name = connection_name(&c["client_properties"]).unwrap_or_default();
+                (name, c["ssl"].as_bool().unwrap_or(false))
+            })
+            .collect()
     }
 
     /// Its directory (data, logs).
@@ -258,7 +353,8 @@ impl PrivateBroker {
     }
 
     async fn ctl(&self, args: &[&str]) -> std::process::Output {
-        let cli_port = free_ports().0.to_string();
+        let [cli_port] = free_ports::<1>();
+        let cli_port = cli_port.to_string();
         Command::new("rabbitmqctl")
             .env("RABBITMQ_CTL_DIST_PORT_MIN", &cli_port)
             .env("RABBITMQ_CTL_DIST_PORT_MAX", &cli_port)
@@ -273,10 +369,29 @@ impl PrivateBroker {
     }
 }
 
+/// The `connection_name` client property, wherever the JSON formatter put it (a
+/// `[key, type, value]` triple, or an object).
+fn connection_name(props: &serde_json::Value) -> Option<String> {
+    match props {
+        serde_json::Value::Array(items) => {
+            if items.first().and_then(|k| k.as_str()) == Some("connection_name") {
+                return items.last().and_then(|v| v.as_str()).map(str::to_owned);
+            }
+            items.iter().find_map(connection_name)
+        }
+        serde_json::Value::Object(map) => match map.get("connection_name") {
+            Some(v) if v.is_string() => v.as_str().map(str::to_owned),
+            _ => map.values().find_map(connection_name),
+        },
+        _ => None,
+    }
+}
+
 impl Drop for PrivateBroker {
     fn drop(&mut self) {
         let pid_file = self.pid_file();
-        let cli_port = free_ports().0.to_string();
+        let [cli_port] = free_ports::<1>();
+        let cli_port = cli_port.to_string();
         let _ = StdCommand::new("rabbitmqctl")
             .env("RABBITMQ_CTL_DIST_PORT_MIN", &cli_port)
             .env("RABBITMQ_CTL_DIST_PORT_MAX", &cli_port)

@@ -1,10 +1,12 @@
 //! A certificate authority made for one test (rcgen), and rustls server configs with
 //! certificates it signs — current, expired, or for another host — for the sandbox's TLS
 //! listener. The CA's certificate is written to `ca.pem` in the test's directory, which
-//! is what a provider's `ca_file` points at.
+//! is what a provider's `ca_file` points at. It also signs the server certificates of
+//! private Postgres and RabbitMQ servers (PEM files) and client certificates.
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use std::path::{Path, PathBuf};
@@ -62,6 +64,38 @@ impl TestCa {
     pub fn server_pem(&self, names: &[&str]) -> (String, String) {
         let (cert, key) = self.issue(names, Validity::Current);
         (cert.pem(), key.serialize_pem())
+    }
+
+    /// A client certificate whose subject CN is `common_name` (Postgres' `cert` auth
+    /// takes the user name from it) and its key, written as `dir/NAME.pem` and
+    /// `dir/NAME.key`: the paths a client's `cert_file` / `sslcert` and `key_file` /
+    /// `sslkey` point at.
+    pub fn client_files(&self, dir: &Path, name: &str, common_name: &str) -> (PathBuf, PathBuf) {
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).unwrap_or_else(|e| panic!("{e}"));
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2099, 12, 31);
+        let key = KeyPair::generate().unwrap_or_else(|e| panic!("client key: {e}"));
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .unwrap_or_else(|e| panic!("client cert: {e}"));
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{e}"));
+        let (cert_file, key_file) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert_file, cert.pem()).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&key_file, key.serialize_pem()).unwrap_or_else(|e| panic!("{e}"));
+        (cert_file, key_file)
+    }
+
+    /// This CA's certificate, PEM (for a server's `ssl_ca_file` / `cacertfile`).
+    pub fn ca_pem(&self) -> String {
+        self.issuer.pem()
     }
 
     /// A server certificate for `names` (DNS names or IPs) and its key.

@@ -12,7 +12,6 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
 use oncely_core::metrics as m;
 use oncely_core::publish::Publisher;
-use oncely_core::topology;
 
 /// A connection with its publisher and the topology declared.
 #[derive(Debug)]
@@ -24,7 +23,7 @@ pub struct Session {
 impl Session {
     /// Connect, open the publisher, declare the topology and count the connection.
     pub async fn open(ctx: &Context) -> anyhow::Result<Self> {
-        let conn = topology::connect(&ctx.config.broker.url, &ctx.owner).await?;
+        let conn = ctx.amqp.connect(&ctx.owner).await?;
         let publisher = Publisher::open(&conn).await?;
         ctx.topology
             .declare(publisher.channel(), &ctx.action_types())

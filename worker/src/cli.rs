@@ -111,13 +111,19 @@ pub async fn context(config: Config, process: Process) -> anyhow::Result<Context
         ..PoolSettings::default()
     };
     // The database may be starting: retry for a while rather than exit on the first
-    // hiccup. A bad URL or a schema at another version fails at once.
+    // hiccup.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let pool = loop {
         match db::connect_checked_as(&config.database_url, &settings, process).await {
             Ok(pool) => break pool,
+            // A bad URL, TLS settings or certificate, missing grants or a schema at another
+            // version will not fix itself in a minute: fail at once.
             Err(
-                e @ (db::DbError::BadUrl(_) | db::DbError::Schema { .. } | db::DbError::Grants(_)),
+                e @ (db::DbError::BadUrl(_)
+                | db::DbError::Schema { .. }
+                | db::DbError::Grants(_)
+                | db::DbError::TlsSettings { .. }
+                | db::DbError::Tls { .. }),
             ) => return Err(e.into()),
             Err(e) if std::time::Instant::now() < deadline => {
                 tracing::warn!(error = %e, "database not ready; retrying");

@@ -1,6 +1,7 @@
 //! What every worker-side process holds: config, journal, providers, names, identity.
 
 use crate::provider::{self, Provider};
+use oncely_core::amqp::AmqpConnector;
 use oncely_core::config::{ActionPolicy, Config};
 use oncely_core::journal::Journal;
 use oncely_core::topology::Topology;
@@ -25,6 +26,9 @@ pub struct Context {
     pub owner: String,
     /// The payload schemas of the configured action types.
     pub schemas: Arc<oncely_core::schema::PayloadSchemas>,
+    /// The broker's URL with its TLS files read (at start: a bad file stops the process
+    /// there, with the field and the file named).
+    pub amqp: AmqpConnector,
 }
 
 impl Context {
@@ -39,7 +43,9 @@ impl Context {
         let topology = Topology::new(&config.broker);
         let schemas = oncely_core::schema::PayloadSchemas::from_config(&config)
             .map_err(anyhow::Error::msg)?;
+        let amqp = AmqpConnector::new(&config.broker)?;
         Ok(Self {
+            amqp,
             schemas: Arc::new(schemas),
             config: Arc::new(config),
             journal,

@@ -56,7 +56,7 @@ pub mod reconciler;
 pub mod worker;
 
 pub use action::{ActionPolicy, OnUnknown};
-pub use broker::BrokerConfig;
+pub use broker::{BrokerConfig, BrokerTls};
 pub use duration::{format_duration, parse_duration};
 pub use error::ConfigError;
 pub use providers::{
@@ -270,11 +270,50 @@ mod tests {
                 format!("{p}connect_timeout = \"2s\"\ntimeout = \"1s\"\n"),
                 "providers.p.timeout",
             ),
+            (
+                "[broker.tls]\nca_file = \"/ca.pem\"\n".into(),
+                "broker.tls.ca_file",
+            ),
+            (
+                "[broker]\nurl = \"amqps://h/%2f\"\n[broker.tls]\ncert_file = \"/c.pem\"\n".into(),
+                "broker.tls.key_file",
+            ),
+            ("[broker]\nurl = \"http://h\"\n".into(), "broker.url"),
+            ("[broker.tls]\ncafile = \"/ca.pem\"\n".into(), "cafile"),
         ];
         for (text, field) in cases {
             let err = load(text, &[]).expect_err(text).to_string();
             assert!(err.contains(field), "{err:?} should name {field}");
         }
+    }
+
+    #[test]
+    fn broker_tls_comes_from_the_file_or_the_env_and_round_trips() {
+        let c = load(
+            "[broker]\nurl = \"amqps://mq.example/%2f\"\n[broker.tls]\nca_file = \"/etc/oncely/ca.pem\"\n",
+            &[
+                ("ONCELY__BROKER__TLS__CERT_FILE", "/run/secrets/client.pem"),
+                ("ONCELY__BROKER__TLS__KEY_FILE", "/run/secrets/client.key"),
+            ],
+        )
+        .expect("config");
+        let tls = &c.broker.tls;
+        assert_eq!(
+            tls.ca_file.as_deref(),
+            Some(Path::new("/etc/oncely/ca.pem"))
+        );
+        assert_eq!(
+            tls.cert_file.as_deref(),
+            Some(Path::new("/run/secrets/client.pem"))
+        );
+        assert_eq!(
+            tls.key_file.as_deref(),
+            Some(Path::new("/run/secrets/client.key"))
+        );
+        assert_eq!(round_trip(&c), c);
+        // Without TLS files, no [broker.tls] table is written.
+        let plain = Config::builtin().expect("builtin");
+        assert!(!plain.to_toml().expect("toml").contains("broker.tls"));
     }
 
     #[test]

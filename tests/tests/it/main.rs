@@ -19,3 +19,4 @@ mod security;
 mod smtp;
 mod statement;
 mod stripe;
+mod tls_backends;

@@ -146,6 +146,13 @@ async fn a_killed_worker_is_swept_to_unknown_and_reconciled() {
         .publish_raw("payment_order.create", &env.to_bytes())
         .await;
     wait_status(&fleet, &env, Status::Executing).await;
+    // Killed only once the request has reached the bank (executing is committed before
+    // the call is sent; on a busy machine the kill could otherwise come first).
+    eventually("the request to reach the bank", DEADLINE, || async {
+        let stats = fleet.sandbox.control().stats().await.expect("stats");
+        (stats["executes"]["bank"] == json!(1)).then_some(())
+    })
+    .await;
     victim.kill().await;
     // The bank finishes the order after the worker died.
     eventually("the bank to commit", DEADLINE, || async {

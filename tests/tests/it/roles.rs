@@ -693,7 +693,7 @@ async fn a_least_privilege_fleet_executes_each_action_once() {
 
 /// Publish one message as `url`'s user, with confirms: the broker's refusal as text.
 async fn publish_as(url: &str, exchange: &str, routing_key: &str) -> Result<(), String> {
-    let conn = oncely_core::topology::connect(url, "oncely-test-permissions")
+    let conn = oncely_core::topology::connect(&BrokerConfig::at(url), "oncely-test-permissions")
         .await
         .map_err(|e| e.to_string())?;
     let result = async {
@@ -716,7 +716,7 @@ async fn publish_as(url: &str, exchange: &str, routing_key: &str) -> Result<(), 
 
 /// Start consuming `queue` as `url`'s user.
 async fn consume_as(url: &str, queue: &str) -> Result<(), String> {
-    let conn = oncely_core::topology::connect(url, "oncely-test-permissions")
+    let conn = oncely_core::topology::connect(&BrokerConfig::at(url), "oncely-test-permissions")
         .await
         .map_err(|e| e.to_string())?;
     let result = async {
@@ -736,7 +736,7 @@ async fn consume_as(url: &str, queue: &str) -> Result<(), String> {
 
 /// Declare `topology` (with one action type) as `url`'s user.
 async fn declare_as(url: &str, topology: &Topology) -> Result<(), String> {
-    let conn = oncely_core::topology::connect(url, "oncely-test-permissions")
+    let conn = oncely_core::topology::connect(&BrokerConfig::at(url), "oncely-test-permissions")
         .await
         .map_err(|e| e.to_string())?;
     let result = async {

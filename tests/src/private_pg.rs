@@ -1,0 +1,226 @@
+//! A private PostgreSQL cluster for one test, for what the machine's shared server must
+//! not be changed for: TLS only (or no TLS at all), a server certificate from the test's
+//! own CA, client certificates.
+//!
+//! Each cluster gets its own directory (owned by `postgres`: the server refuses to run as
+//! root, so `initdb` and `pg_ctl` run through `runuser -u postgres`), a free port on
+//! 127.0.0.1, its Unix socket in that directory (not `/var/run/postgresql`, where the
+//! shared server's lives), and trust authentication (or `cert`). With TLS, `pg_hba.conf`
+//! has only `hostssl` lines and rejects `hostnossl`, so a client that did not negotiate
+//! TLS cannot get in at all: a connection that works is a TLS connection. `pg_ctl -w`
+//! waits until the server accepts connections. Dropping the cluster stops it
+//! (`-m immediate`) and removes its directory (kept, with the server log, when the test
+//! failed).
+
+use crate::tls::TestCa;
+use crate::unique_name;
+use std::path::{Path, PathBuf};
+use std::process::Command as StdCommand;
+use tokio::process::Command;
+
+/// The binaries of the PostgreSQL major version installed on the machine.
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// How the cluster speaks to clients.
+#[derive(Debug, Clone, Copy)]
+pub enum PgTls<'a> {
+    /// `ssl = off`: the server answers "no" to a TLS request; plain `host` lines.
+    Off,
+    /// `ssl = on` with a certificate for `names` (DNS names or IPs) signed by `ca`; only
+    /// `hostssl` connections are accepted.
+    On {
+        /// The CA that signs the server certificate.
+        ca: &'a TestCa,
+        /// The names in the server certificate.
+        names: &'a [&'a str],
+    },
+    /// As [`PgTls::On`], and every client must show a certificate signed by `ca` whose
+    /// CN is its user name (`cert` authentication).
+    ClientCert {
+        /// The CA that signs the server certificate and vouches for clients.
+        ca: &'a TestCa,
+        /// The names in the server certificate.
+        names: &'a [&'a str],
+    },
+}
+
+/// A running private cluster, stopped and removed when dropped.
+#[derive(Debug)]
+pub struct PrivatePg {
+    dir: PathBuf,
+    port: u16,
+}
+
+fn run_as_postgres(program: &str) -> Command {
+    let mut cmd = Command::new("runuser");
+    cmd.args(["-u", "postgres", "--"])
+        .arg(Path::new(PG_BIN).join(program))
+        .stdin(std::process::Stdio::null());
+    cmd
+}
+
+async fn check(what: &str, cmd: &mut Command) {
+    let out = cmd.output().await.unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn chown_postgres(path: &Path) {
+    let status = StdCommand::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(path)
+        .status()
+        .unwrap_or_else(|e| panic!("chown: {e}"));
+    assert!(status.success(), "chown -R postgres {}", path.display());
+}
+
+impl PrivatePg {
+    /// `initdb` a new cluster, configure it for `tls`, start it and wait until it
+    /// accepts connections.
+    pub async fn start(tls: PgTls<'_>) -> PrivatePg {
+        let dir = std::env::temp_dir().join(unique_name("oncely_pg"));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        chown_postgres(&dir);
+        let data = dir.join("data");
+        check(
+            "initdb",
+            run_as_postgres("initdb").arg("-D").arg(&data).args([
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+                "--no-instructions",
+            ]),
+        )
+        .await;
+        let port = crate::free_port();
+        let (ssl, hba) = match tls {
+            PgTls::Off => (
+                "ssl = off\n".to_owned(),
+                "local all all trust\nhost all all 127.0.0.1/32 trust\n",
+            ),
+            PgTls::On { ca, names } | PgTls::ClientCert { ca, names } => {
+                let (cert, key) = ca.server_pem(names);
+                std::fs::write(data.join("server.crt"), cert).unwrap_or_else(|e| panic!("{e}"));
+                std::fs::write(data.join("server.key"), key).unwrap_or_else(|e| panic!("{e}"));
+                std::fs::write(data.join("ca.crt"), ca.ca_pem()).unwrap_or_else(|e| panic!("{e}"));
+                let hba = match tls {
+                    PgTls::ClientCert { .. } => {
+                        "local all all trust\nhostssl all all 127.0.0.1/32 cert\nhostnossl all all 0.0.0.0/0 reject\n"
+                    }
+                    _ => {
+                        "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 0.0.0.0/0 reject\n"
+                    }
+                };
+                (
+                    "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_ca_file = 'ca.crt'\n"
+                        .to_owned(),
+                    hba,
+                )
+            }
+        };
+        let conf = format!(
+            "\n# oncely test cluster\nlisten_addresses = '127.0.0.1'\nport = {port}\n\
+             unix_socket_directories = '{dir}'\nmax_connections = 60\nshared_buffers = 16MB\n\
+             fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n{ssl}",
+            dir = dir.display()
+        );
+        let mut postgresql_conf = std::fs::read_to_string(data.join("postgresql.conf"))
+            .unwrap_or_else(|e| panic!("postgresql.conf: {e}"));
+        postgresql_conf.push_str(&conf);
+        std::fs::write(data.join("postgresql.conf"), postgresql_conf)
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap_or_else(|e| panic!("{e}"));
+        chown_postgres(&dir);
+        // The server refuses a key file others can read.
+        if data.join("server.key").exists() {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(
+                data.join("server.key"),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let pg = PrivatePg { dir, port };
+        check(
+            "pg_ctl start",
+            run_as_postgres("pg_ctl")
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(pg.log())
+                .args(["-w", "-t", "120", "start"]),
+        )
+        .await;
+        pg
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its directory (data, server log).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
+    /// What the server logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
+    }
+
+    /// `postgres://postgres@HOST:PORT/postgres?QUERY` (no `?` when `query` is empty):
+    /// the cluster's maintenance database, reached by `host` (`localhost` or
+    /// `127.0.0.1`, whichever the test wants the certificate checked against).
+    pub fn url(&self, host: &str, query: &str) -> String {
+        let base = format!("postgres://postgres@{host}:{}/postgres", self.port);
+        if query.is_empty() {
+            base
+        } else {
+            format!("{base}?{query}")
+        }
+    }
+
+    /// [`PrivatePg::url`] with `sslmode=verify-full` and `sslrootcert` = `ca_file`: how
+    /// production connects.
+    pub fn verify_full_url(&self, host: &str, ca_file: &Path) -> String {
+        self.url(
+            host,
+            &format!("sslmode=verify-full&sslrootcert={}", ca_file.display()),
+        )
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let _ = StdCommand::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(Path::new(PG_BIN).join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if std::thread::panicking() {
+            eprintln!("private Postgres kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
