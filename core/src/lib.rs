@@ -9,6 +9,8 @@
 //! - [`metrics`]: metric names and the exporter.
 //! - [`publish`]: publishing with confirms (a returned message is a failure).
 //! - [`sealing`]: payloads encrypted at rest (AES-256-GCM data keys).
+//! - [`review`]: why operations go to review, which reasons a lookup may still settle
+//!   (transient) and which wait for a person (definitive), and a review's evidence.
 //! - [`status`]: the status set and the one transition table.
 //! - [`config`]: policies and providers (TOML + env overrides).
 //! - [`db`]: connecting, creating and migrating the database.
@@ -29,6 +31,7 @@ pub mod journal;
 pub mod keys;
 pub mod metrics;
 pub mod publish;
+pub mod review;
 pub mod roles;
 pub mod schema;
 pub mod sealing;

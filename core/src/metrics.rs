@@ -26,10 +26,22 @@ pub const CLAIM_BATCH_SIZE: &str = "oncely_claim_batch_size";
 pub const JOURNAL_STATEMENT_SECONDS: &str = "oncely_journal_statement_seconds";
 /// Reconciler decisions, by `action_type` and `decision`.
 pub const RECONCILE_DECISIONS: &str = "oncely_reconcile_decisions_total";
-/// Reviews opened, by `action_type`.
+/// Reviews opened, by `action_type` and `reason` (a [`crate::review::ReviewReason`]
+/// label, which also says its class: `still_pending` and `lookup_failing` are transient).
 pub const REVIEWS_OPENED: &str = "oncely_reviews_opened_total";
+/// Reviews closed without a person, by `reason` and `how` (`lookup`, `late_answer`,
+/// `statement`). Counted by reconcilers from the journal, once per review across the fleet.
+pub const REVIEWS_AUTO_CLOSED: &str = "oncely_reviews_auto_closed_total";
+/// Reviews resolved by a person, by `reason` and `resolution` (`succeeded`, `failed`,
+/// `retry`). Counted like [`REVIEWS_AUTO_CLOSED`].
+pub const REVIEWS_RESOLVED: &str = "oncely_reviews_resolved_total";
 /// Reviews open now (gauge, from the reconciler).
 pub const REVIEWS_OPEN: &str = "oncely_reviews_open";
+/// Reviews open now by `waiting_on` (`person`, `lookup`) (gauge, from the reconciler).
+pub const REVIEWS_WAITING: &str = "oncely_reviews_waiting";
+/// Age in seconds of the oldest open review, by `waiting_on` (`person`: only a person can
+/// close it; `lookup`: still re-checked); 0 when there is none (gauge, from the reconciler).
+pub const REVIEW_OLDEST_OPEN_SECONDS: &str = "oncely_review_oldest_open_age_seconds";
 /// Sweeper actions, by `action`.
 pub const SWEEPER_ACTIONS: &str = "oncely_sweeper_actions_total";
 /// Publishes, by `kind` (intent, outcome, reconcile, dead_letter, republish) and `result` (confirmed, failed).
@@ -101,6 +113,7 @@ pub fn init_series(action_types: &[&str]) {
         "republished_planned",
         "republished_retry",
         "unknown_rechecked",
+        "review_rechecked",
     ] {
         counter!(SWEEPER_ACTIONS, "action" => action).increment(0);
     }
@@ -134,6 +147,16 @@ pub fn init_series(action_types: &[&str]) {
             counter!(RECONCILE_DECISIONS, "action_type" => a.clone(), "decision" => decision)
                 .increment(0);
         }
-        counter!(REVIEWS_OPENED, "action_type" => a).increment(0);
+        for &reason in crate::review::ReviewReason::LABELS {
+            counter!(REVIEWS_OPENED, "action_type" => a.clone(), "reason" => reason).increment(0);
+        }
+    }
+    for &reason in crate::review::ReviewReason::LABELS {
+        for how in ["lookup", "late_answer", "statement"] {
+            counter!(REVIEWS_AUTO_CLOSED, "reason" => reason, "how" => how).increment(0);
+        }
+        for resolution in ["succeeded", "failed", "retry"] {
+            counter!(REVIEWS_RESOLVED, "reason" => reason, "resolution" => resolution).increment(0);
+        }
     }
 }

@@ -274,50 +274,60 @@ impl Journal {
         cs: &[Completion],
         actor: &str,
     ) -> Result<Vec<Applied>, JournalError> {
-        if cs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let b = Batch::build(cs)?;
-        // `o.status` in SET and WHERE is the row before the update: on time when it is
-        // the expected status, late when the alternative (`unknown`, same attempt) matched.
-        let rows: Vec<(String, f64, bool)> = sqlx::query_as(
-            "UPDATE agent_operations AS o SET \
-                 status = c.to_status, \
-                 provider_operation_id = coalesce(c.pid, o.provider_operation_id), \
-                 result_json = coalesce(c.result::jsonb, o.result_json), \
-                 last_error_code = c.err, \
-                 lease_until = CASE WHEN c.delay IS NULL THEN NULL ELSE now() + make_interval(secs => c.delay) END, \
-                 lease_owner = NULL, \
-                 payload = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload END, \
-                 payload_sealed = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_sealed END, \
-                 payload_key_id = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_key_id END, \
-                 last_actor = $9, \
-                 last_reason = CASE WHEN o.status = c.expected THEN c.reason ELSE $12 END, \
-                 updated_at = now() \
-             FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[], \
-                         $8::float8[], $10::text[], $11::bool[]) \
-                  AS c(k, expected, attempt, to_status, pid, result, err, delay, reason, late_ok) \
-             WHERE o.idempotency_key = c.k AND o.attempt_count = c.attempt \
-               AND (o.status = c.expected OR (c.late_ok AND o.status = 'unknown')) \
-             RETURNING o.idempotency_key, extract(epoch FROM now() - o.created_at)::float8, \
-                       o.last_reason = $12 AND c.reason <> $12",
-        )
-        .bind(&b.keys)
-        .bind(&b.expected)
-        .bind(&b.attempts)
-        .bind(&b.to)
-        .bind(&b.pids)
-        .bind(&b.results)
-        .bind(&b.errors)
-        .bind(&b.delays)
-        .bind(actor)
-        .bind(&b.reasons)
-        .bind(&b.late_ok)
-        .bind(LATE_REASON)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(per_item(&b.keys, rows))
+        complete_batch_on(&self.pool, cs, actor).await
     }
+}
+
+/// [`Journal::complete_batch`] on any executor: a pool, or a transaction that writes
+/// something else with it (a review's evidence, journal/recheck.rs).
+pub(crate) async fn complete_batch_on<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    cs: &[Completion],
+    actor: &str,
+) -> Result<Vec<Applied>, JournalError> {
+    if cs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let b = Batch::build(cs)?;
+    // `o.status` in SET and WHERE is the row before the update: on time when it is
+    // the expected status, late when the alternative (`unknown`, same attempt) matched.
+    let rows: Vec<(String, f64, bool)> = sqlx::query_as(
+        "UPDATE agent_operations AS o SET \
+             status = c.to_status, \
+             provider_operation_id = coalesce(c.pid, o.provider_operation_id), \
+             result_json = coalesce(c.result::jsonb, o.result_json), \
+             last_error_code = c.err, \
+             lease_until = CASE WHEN c.delay IS NULL THEN NULL ELSE now() + make_interval(secs => c.delay) END, \
+             lease_owner = NULL, \
+             payload = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload END, \
+             payload_sealed = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_sealed END, \
+             payload_key_id = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_key_id END, \
+             last_actor = $9, \
+             last_reason = CASE WHEN o.status = c.expected THEN c.reason ELSE $12 END, \
+             updated_at = now() \
+         FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[], \
+                     $8::float8[], $10::text[], $11::bool[]) \
+              AS c(k, expected, attempt, to_status, pid, result, err, delay, reason, late_ok) \
+         WHERE o.idempotency_key = c.k AND o.attempt_count = c.attempt \
+           AND (o.status = c.expected OR (c.late_ok AND o.status = 'unknown')) \
+         RETURNING o.idempotency_key, extract(epoch FROM now() - o.created_at)::float8, \
+                   o.last_reason = $12 AND c.reason <> $12",
+    )
+    .bind(&b.keys)
+    .bind(&b.expected)
+    .bind(&b.attempts)
+    .bind(&b.to)
+    .bind(&b.pids)
+    .bind(&b.results)
+    .bind(&b.errors)
+    .bind(&b.delays)
+    .bind(actor)
+    .bind(&b.reasons)
+    .bind(&b.late_ok)
+    .bind(LATE_REASON)
+    .fetch_all(executor)
+    .await?;
+    Ok(per_item(&b.keys, rows))
 }
 
 #[cfg(test)]

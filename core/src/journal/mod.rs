@@ -17,6 +17,7 @@
 //! - [`inspect`]: reads — by key, by workflow, events, the article's queries.
 //! - [`sweep`]: what the sweeper and reconciler take: expired leases, republishing, due unknowns.
 //! - [`review`]: human reviews and purging.
+//! - [`recheck`]: background re-checks of reviews a lookup may still settle; review figures.
 //! - [`stats`]: aggregate reads (counts by status, the database clock, latencies).
 //! - [`article`]: the article's three-statement flow, the bench's yardstick.
 
@@ -26,6 +27,7 @@ pub mod complete;
 pub mod conflict;
 pub mod inspect;
 pub mod operation;
+pub mod recheck;
 pub mod record;
 pub mod review;
 pub mod statement;
@@ -35,8 +37,9 @@ pub mod sweep;
 pub use claim::{Claim, ClaimOutcome, ClaimRequest, NotClaimed};
 pub use complete::{Applied, Completion, LATE_REASON, Verdict};
 pub use operation::{Event, JournalError, Operation, PayloadUnavailable};
+pub use recheck::{ClosedReview, DueReview, LookupSeen, OpenReviews};
 pub use record::Recorded;
-pub use review::{Resolution, ResolveError, Review};
+pub use review::{NewReview, Resolution, ResolveError, Review};
 pub use statement::{StatementCandidate, StatementVerdict};
 pub use stats::Latencies;
 pub use sweep::{Expired, OpsFilter};

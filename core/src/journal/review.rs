@@ -10,6 +10,7 @@
 use super::operation::Operation;
 use super::{Journal, JournalError};
 use crate::keys::IdempotencyKey;
+use crate::review::{Evidence, ReviewReason};
 use crate::status::Status;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -34,8 +35,74 @@ pub struct Review {
     pub resolved_by: Option<String>,
     /// When.
     pub resolved_at: Option<DateTime<Utc>>,
-    /// The person's note.
+    /// The person's note (or what closed it, for `auto:*`).
     pub note: Option<String>,
+    /// What the decision rests on: policy, key retention, attempts, every lookup.
+    pub evidence: sqlx::types::Json<Evidence>,
+    /// When the reconciler looks it up again; `None`: waiting for a person.
+    pub recheck_at: Option<DateTime<Utc>>,
+    /// Background lookups since it opened.
+    pub rechecks: i32,
+}
+
+impl Review {
+    /// The stored reason, classified ([`ReviewReason`]).
+    pub fn reason(&self) -> ReviewReason {
+        ReviewReason::parse(&self.reason)
+    }
+
+    /// Whether it is open and only a person can close it now: a definitive reason, or a
+    /// transient one whose re-checks found something no lookup will change.
+    pub fn waits_for_person(&self) -> bool {
+        self.resolved_at.is_none() && self.recheck_at.is_none()
+    }
+}
+
+/// The columns of [`Review`], in order.
+macro_rules! review_columns {
+    () => {
+        "id, idempotency_key, reason, opened_by, opened_at, resolution, resolved_by, resolved_at, note, \
+         evidence, recheck_at, rechecks"
+    };
+}
+pub(crate) use review_columns;
+
+/// Evidence with nothing in it (for [`NewReview::bare`]).
+static NO_EVIDENCE: Evidence = Evidence {
+    policy: None,
+    max_reconcile_checks: None,
+    provider: None,
+    honours_key: None,
+    key_retention_secs: None,
+    attempts: 0,
+    checks_before_review: 0,
+    lookups: Vec::new(),
+};
+
+impl<'a> NewReview<'a> {
+    /// A review for a person, with no evidence and no re-check (tests, tools).
+    pub fn bare(reason: &'a ReviewReason) -> Self {
+        Self {
+            reason,
+            evidence: &NO_EVIDENCE,
+            lookup: None,
+            recheck_in: None,
+        }
+    }
+}
+
+/// A review to open: why, what was seen, and when to look again (transient reasons).
+#[derive(Debug, Clone)]
+pub struct NewReview<'a> {
+    /// Why.
+    pub reason: &'a ReviewReason,
+    /// What was seen so far (the lookup that opened it goes in `lookup`).
+    pub evidence: &'a Evidence,
+    /// The lookup that sent it here, if one was made: `(answer, code)`.
+    pub lookup: Option<(&'a str, Option<&'a str>)>,
+    /// First re-check after this (only for [`crate::review::ReviewClass::Transient`]
+    /// reasons; `None` waits for a person).
+    pub recheck_in: Option<Duration>,
 }
 
 /// A person's decision.
@@ -156,27 +223,37 @@ pub(crate) async fn settle_unknown(
 
 impl Journal {
     /// Open a review for an `unknown` operation at `attempt` (no-op if one is open or
-    /// the operation moved on). Records an audit event. Returns whether one was opened.
+    /// the operation moved on), with its evidence and, for a transient reason, its first
+    /// re-check. Records an audit event. Returns whether one was opened.
     pub async fn open_review(
         &self,
         key: &IdempotencyKey,
         attempt: i32,
-        reason: &str,
+        review: &NewReview<'_>,
         actor: &str,
     ) -> Result<bool, JournalError> {
+        let (answer, code) = review.lookup.unzip();
         let opened: Option<i64> = sqlx::query_scalar(
             "WITH op AS (SELECT idempotency_key, attempt_count FROM agent_operations \
                          WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2 FOR UPDATE), \
-                  ins AS (INSERT INTO operation_reviews (idempotency_key, reason, opened_by) \
-                          SELECT idempotency_key, $3, $4 FROM op ON CONFLICT DO NOTHING RETURNING id), \
+                  ins AS (INSERT INTO operation_reviews (idempotency_key, reason, opened_by, evidence, recheck_at) \
+                          SELECT idempotency_key, $3, $4, \
+                                 $5::jsonb || jsonb_build_object('lookups', CASE WHEN $6::text IS NULL THEN '[]'::jsonb \
+                                     ELSE jsonb_build_array(jsonb_strip_nulls(jsonb_build_object('at', now(), 'answer', $6::text, 'code', $7::text))) END), \
+                                 now() + make_interval(secs => $8) \
+                          FROM op ON CONFLICT DO NOTHING RETURNING id), \
                   ev AS (INSERT INTO operation_events (idempotency_key, from_status, to_status, attempt, actor, reason, error_code) \
                          SELECT op.idempotency_key, 'unknown', 'unknown', op.attempt_count, $4, 'review_opened', $3 FROM op, ins) \
              SELECT id FROM ins",
         )
         .bind(key.as_str())
         .bind(attempt)
-        .bind(reason)
+        .bind(review.reason.to_string())
         .bind(actor)
+        .bind(sqlx::types::Json(review.evidence))
+        .bind(answer)
+        .bind(code.flatten())
+        .bind(review.recheck_in.map(|d| d.as_secs_f64()))
         .fetch_optional(&self.pool)
         .await?;
         Ok(opened.is_some())
@@ -184,10 +261,11 @@ impl Journal {
 
     /// Reviews, oldest first; open ones only unless `all`.
     pub async fn reviews(&self, all: bool) -> Result<Vec<Review>, JournalError> {
-        Ok(sqlx::query_as(
-            "SELECT id, idempotency_key, reason, opened_by, opened_at, resolution, resolved_by, resolved_at, note \
-             FROM operation_reviews WHERE $1 OR resolved_at IS NULL ORDER BY id",
-        )
+        Ok(sqlx::query_as(concat!(
+            "SELECT ",
+            review_columns!(),
+            " FROM operation_reviews WHERE $1 OR resolved_at IS NULL ORDER BY id"
+        ))
         .bind(all)
         .fetch_all(&self.pool)
         .await?)
@@ -195,22 +273,14 @@ impl Journal {
 
     /// Reviews of one operation.
     pub async fn reviews_of(&self, key: &IdempotencyKey) -> Result<Vec<Review>, JournalError> {
-        Ok(sqlx::query_as(
-            "SELECT id, idempotency_key, reason, opened_by, opened_at, resolution, resolved_by, resolved_at, note \
-             FROM operation_reviews WHERE idempotency_key = $1 ORDER BY id",
-        )
+        Ok(sqlx::query_as(concat!(
+            "SELECT ",
+            review_columns!(),
+            " FROM operation_reviews WHERE idempotency_key = $1 ORDER BY id"
+        ))
         .bind(key.as_str())
         .fetch_all(&self.pool)
         .await?)
-    }
-
-    /// Open reviews right now.
-    pub async fn open_review_count(&self) -> Result<i64, JournalError> {
-        Ok(
-            sqlx::query_scalar("SELECT count(*) FROM operation_reviews WHERE resolved_at IS NULL")
-                .fetch_one(&self.pool)
-                .await?,
-        )
     }
 
     /// Apply a person's decision (see the module docs). Returns the operation after it.
@@ -257,7 +327,7 @@ impl Journal {
             Resolution::Retry => Settle::Retry,
         };
         settle_unknown(&mut tx, key, attempt, &settle, &actor).await?;
-        sqlx::query("UPDATE operation_reviews SET resolution = $2, resolved_by = $3, resolved_at = now(), note = $4 WHERE id = $1")
+        sqlx::query("UPDATE operation_reviews SET resolution = $2, resolved_by = $3, resolved_at = now(), note = $4, recheck_at = NULL WHERE id = $1")
             .bind(review)
             .bind(resolution.name())
             .bind(by)

@@ -117,9 +117,11 @@ impl Journal {
             .collect()
     }
 
-    /// Settles an `unknown` operation at `attempt` as the statement says, and closes its
-    /// open review if it has one — one transaction, the event's actor `actor`
-    /// (`statement:<file>`). Returns whether it moved (false: it changed meanwhile).
+    /// Settles an `unknown` operation at `attempt` as the statement says — one
+    /// compare-and-set, the event's actor `actor` (`statement:<file>`). An open review on
+    /// it closes itself in the same statement (resolution `auto:statement`, with an
+    /// event: the trigger of migration `20261207000000_review_evidence.sql`). Returns
+    /// whether it moved (false: it changed meanwhile).
     pub async fn settle_from_statement(
         &self,
         key: &IdempotencyKey,
@@ -127,37 +129,17 @@ impl Journal {
         verdict: StatementVerdict<'_>,
         actor: &str,
     ) -> Result<bool, JournalError> {
-        let (settle, resolution) = match verdict {
-            StatementVerdict::Succeeded(provider_operation_id) => (
-                Settle::Succeeded {
-                    provider_operation_id,
-                    reason: "statement_succeeded",
-                },
-                "succeeded",
-            ),
-            StatementVerdict::Failed => (
-                Settle::Failed {
-                    code: "statement_failed",
-                    reason: "statement_failed",
-                },
-                "failed",
-            ),
+        let settle = match verdict {
+            StatementVerdict::Succeeded(provider_operation_id) => Settle::Succeeded {
+                provider_operation_id,
+                reason: "statement_succeeded",
+            },
+            StatementVerdict::Failed => Settle::Failed {
+                code: "statement_failed",
+                reason: "statement_failed",
+            },
         };
-        let mut tx = self.pool.begin().await?;
-        if !settle_unknown(&mut tx, key, attempt, &settle, actor).await? {
-            return Ok(false);
-        }
-        sqlx::query(
-            "UPDATE operation_reviews SET resolution = $2, resolved_by = $3, resolved_at = now(), \
-                 note = 'settled by the provider''s statement' \
-             WHERE idempotency_key = $1 AND resolved_at IS NULL",
-        )
-        .bind(key.as_str())
-        .bind(resolution)
-        .bind(actor)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(true)
+        let mut conn = self.pool.acquire().await?;
+        Ok(settle_unknown(&mut conn, key, attempt, &settle, actor).await?)
     }
 }

@@ -210,10 +210,28 @@ const EVENT_INSERT: &[&str] = &[
 ];
 
 /// Opening a review (journal/review.rs, `open_review`).
-const REVIEW_INSERT: &[&str] = &["idempotency_key", "reason", "opened_by"];
+const REVIEW_INSERT: &[&str] = &[
+    "idempotency_key",
+    "reason",
+    "opened_by",
+    "evidence",
+    "recheck_at",
+];
 
-/// Resolving a review (journal/review.rs, `resolve_review`; journal/statement.rs).
-const REVIEW_RESOLVE: &[&str] = &["resolution", "resolved_by", "resolved_at", "note"];
+/// Re-checking a review and counting closed ones (journal/recheck.rs). Not the
+/// resolution: a review closes itself when its operation settles (a trigger, as its
+/// owner), so the reconciler never writes a decision.
+const REVIEW_RECHECK: &[&str] = &["evidence", "recheck_at", "rechecks", "counted_at"];
+
+/// Resolving a review (journal/review.rs, `resolve_review`). A statement import settles
+/// operations only; their reviews close themselves.
+const REVIEW_RESOLVE: &[&str] = &[
+    "resolution",
+    "resolved_by",
+    "resolved_at",
+    "note",
+    "recheck_at",
+];
 
 /// gateway/src/client_keys.rs `begin` (insert, take over an abandoned row) and `finish`.
 const GATEWAY_REQUESTS_INSERT: &[&str] = &["tenant", "client_key", "fingerprint", "state"];
@@ -236,14 +254,17 @@ const WORKER: &[Need] = &[
 ];
 
 /// The reconciler and its sweeper: take and check unknowns, settle them, expire leases,
-/// republish, open reviews (with their audit row), count for the gauges. It reads
-/// reviews (a key with an open one is not taken) but cannot resolve them.
+/// republish, open reviews (with their audit row), re-check transient reviews (their
+/// evidence and next lookup), count for the metrics. It reads reviews (a key with an
+/// open one is not taken) but cannot write a decision: a review it settles by a lookup
+/// closes itself (the trigger of migration 20261207000000_review_evidence.sql).
 const RECONCILER: &[Need] = &[
     SCHEMA_VERSION,
     table(Select, OPERATIONS, Table),
     table(Update, OPERATIONS, Only(RECONCILER_UPDATE)),
     table(Select, REVIEWS, Table),
     table(Insert, REVIEWS, Only(REVIEW_INSERT)),
+    table(Update, REVIEWS, Only(REVIEW_RECHECK)),
     Need::Serial {
         table: REVIEWS,
         column: "id",
@@ -348,7 +369,14 @@ mod tests {
             for t in [OPERATIONS, EVENTS, REVIEWS] {
                 assert!(grants_on(p, Delete, t).is_empty(), "{p:?} deletes {t}");
             }
-            assert!(grants_on(p, Update, REVIEWS).is_empty(), "{p:?} resolves");
+            // Only the reconciler updates reviews, and never their decision columns.
+            for columns in grants_on(p, Update, REVIEWS) {
+                assert_eq!(p, Process::Reconciler, "{p:?} updates reviews");
+                assert_eq!(columns, Only(REVIEW_RECHECK));
+                for decision in ["resolution", "resolved_by", "resolved_at", "note"] {
+                    assert!(!REVIEW_RECHECK.contains(&decision), "{p:?} resolves");
+                }
+            }
             assert!(
                 grants_on(p, Update, EVENTS).is_empty(),
                 "{p:?} updates events"
