@@ -7,6 +7,7 @@
 use clap::{Args, Subcommand, ValueEnum};
 use oncely_core::config::{Config, parse_duration};
 use oncely_core::journal::{Event, Journal, Operation, OpsFilter, Resolution, Review};
+use oncely_core::review::Evidence;
 use oncely_core::{IdempotencyKey, Status};
 use std::time::Duration;
 
@@ -253,7 +254,7 @@ async fn ops_show(journal: &Journal, key: &str, payload: bool, json: bool) -> an
     };
     op.payload = None;
     if json {
-        let mut v = serde_json::json!({"operation": op, "events": events, "reviews": reviews});
+        let mut v = serde_json::json!({"operation": op, "events": events, "reviews": review_views(&reviews)});
         if let Some(p) = shown_payload {
             v["payload"] = p;
         }
@@ -333,14 +334,15 @@ fn print_events(events: &[Event]) {
     );
 }
 
-/// Each review with its decision, or OPEN.
+/// Each review with its decision (or who it waits for) and its evidence.
 fn print_reviews(reviews: &[Review]) {
     for r in reviews {
         println!();
         println!(
-            "review #{}: {} (opened {} by {}){}",
+            "review #{}: {} ({}, opened {} by {}){}",
             r.id,
             r.reason,
+            r.reason().class().as_str(),
             short_time(r.opened_at),
             r.opened_by,
             match (&r.resolution, &r.resolved_by) {
@@ -351,31 +353,116 @@ fn print_reviews(reviews: &[Review]) {
                         .map(|n| format!(": {n}"))
                         .unwrap_or_default()
                 ),
-                _ => " — OPEN".into(),
+                _ => format!(" — OPEN, {}", waiting_on(r)),
             }
         );
+        print_evidence(&r.evidence.0, r.rechecks);
     }
+}
+
+/// Who an open review waits for, in words.
+fn waiting_on(r: &Review) -> String {
+    match r.recheck_at {
+        Some(at) => format!("next lookup {}", short_time(at)),
+        None => "waiting for a person".into(),
+    }
+}
+
+/// A review's evidence, indented under it.
+fn print_evidence(e: &Evidence, rechecks: i32) {
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    println!(
+        "  policy {} (max checks {}), provider {} (honours key {}, key retention {})",
+        or_dash(e.policy.clone()),
+        or_dash(e.max_reconcile_checks.map(|n| n.to_string())),
+        or_dash(e.provider.clone()),
+        or_dash(e.honours_key.map(|b| b.to_string())),
+        or_dash(e.key_retention_secs.map(|s| format!("{s}s"))),
+    );
+    println!(
+        "  attempts {}, checks before review {}, re-checks since {rechecks}",
+        e.attempts, e.checks_before_review
+    );
+    for l in &e.lookups {
+        println!(
+            "  lookup {}  {}{}",
+            short_time(l.at),
+            l.answer,
+            l.code
+                .as_ref()
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default()
+        );
+    }
+}
+
+/// A review as `--json` prints it: the row, its class, and who an open one waits for.
+#[derive(serde::Serialize)]
+struct ReviewView<'a> {
+    #[serde(flatten)]
+    review: &'a Review,
+    class: &'static str,
+    waiting_on: Option<&'static str>,
+}
+
+fn review_views(reviews: &[Review]) -> Vec<ReviewView<'_>> {
+    reviews
+        .iter()
+        .map(|r| ReviewView {
+            review: r,
+            class: r.reason().class().as_str(),
+            waiting_on: match (&r.resolution, r.recheck_at) {
+                (Some(_), _) => None,
+                (None, Some(_)) => Some("lookup"),
+                (None, None) => Some("person"),
+            },
+        })
+        .collect()
 }
 
 /// `admin review list`.
 async fn review_list(journal: &Journal, all: bool, json: bool) -> anyhow::Result<i32> {
     let reviews = journal.reviews(all).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&reviews)?);
+        println!("{}", serde_json::to_string_pretty(&review_views(&reviews))?);
     } else {
         let rows: Vec<Vec<String>> = reviews
             .iter()
             .map(|r| {
+                let last = r.evidence.0.lookups.last();
                 vec![
                     r.idempotency_key.clone(),
                     r.reason.clone(),
+                    r.reason().class().as_str().into(),
                     short_time(r.opened_at),
-                    r.resolution.clone().unwrap_or_else(|| "OPEN".into()),
+                    r.rechecks.to_string(),
+                    last.map(|l| match &l.code {
+                        Some(c) => format!("{} ({c}) {}", l.answer, short_time(l.at)),
+                        None => format!("{} {}", l.answer, short_time(l.at)),
+                    })
+                    .unwrap_or_else(|| "-".into()),
+                    match (&r.resolution, r.recheck_at) {
+                        (Some(res), _) => res.clone(),
+                        (None, Some(_)) => "OPEN (re-checking)".into(),
+                        (None, None) => "OPEN (for a person)".into(),
+                    },
                     r.resolved_by.clone().unwrap_or_else(|| "-".into()),
                 ]
             })
             .collect();
-        table(&["KEY", "REASON", "OPENED", "RESOLUTION", "BY"], &rows);
+        table(
+            &[
+                "KEY",
+                "REASON",
+                "CLASS",
+                "OPENED",
+                "RECHECKS",
+                "LAST LOOKUP",
+                "RESOLUTION",
+                "BY",
+            ],
+            &rows,
+        );
     }
     Ok(0)
 }

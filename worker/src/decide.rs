@@ -4,7 +4,7 @@
 //!
 //! Pure functions, so the rules are unit-tested without a broker or a database.
 
-use crate::provider::{Capabilities, Outcome};
+use crate::provider::{Capabilities, Outcome, Remote};
 use chrono::{DateTime, Utc};
 use oncely_core::config::{ActionPolicy, OnUnknown};
 use oncely_core::journal::{NotClaimed, Verdict};
@@ -88,6 +88,47 @@ pub fn absent_retry_allowed(
     }
 }
 
+/// What a background re-check of a review does with the lookup's answer. A re-check
+/// only looks up: it never sends the operation back to execution, so an absence (even
+/// one the policy would retry) is for a person.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recheck {
+    /// The provider settled it: apply this verdict from `unknown` (event reason given;
+    /// the review closes itself as `auto:lookup`).
+    Settle(Verdict, &'static str),
+    /// Still no answer (pending, lookup failing): look again later.
+    Again,
+    /// No lookup will settle it after all: stop re-checking, a person decides.
+    Stop(&'static str),
+}
+
+/// The re-check rule (docs/reconcile.md, "What reaches a person").
+pub fn recheck(remote: Remote) -> Recheck {
+    match remote {
+        Remote::Succeeded {
+            provider_operation_id,
+            result,
+        } => Recheck::Settle(
+            Verdict::Succeeded {
+                provider_operation_id,
+                result,
+            },
+            "reconcile_found_succeeded",
+        ),
+        Remote::Rejected { code } => Recheck::Settle(
+            Verdict::FailedFinal { error_code: code },
+            "reconcile_found_rejected",
+        ),
+        Remote::Pending => Recheck::Again,
+        Remote::Failed { code } if oncely_core::review::lookup_failure_is_conflict(&code) => {
+            Recheck::Stop("conflicting_evidence")
+        }
+        Remote::Failed { .. } => Recheck::Again,
+        Remote::Absent => Recheck::Stop("absent"),
+        Remote::Unsupported => Recheck::Stop("lookup_unsupported"),
+    }
+}
+
 /// What to do with a delivery whose operation was not claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
@@ -130,6 +171,42 @@ mod tests {
             max_reconcile_checks: 5,
             ..ActionPolicy::new("p")
         }
+    }
+
+    #[test]
+    fn a_recheck_settles_on_a_definite_answer_and_never_executes() {
+        let found = recheck(Remote::Succeeded {
+            provider_operation_id: "po_1".into(),
+            result: json!({}),
+        });
+        assert!(matches!(
+            found,
+            Recheck::Settle(Verdict::Succeeded { .. }, "reconcile_found_succeeded")
+        ));
+        let rejected = recheck(Remote::Rejected {
+            code: "remote_rejected".into(),
+        });
+        assert!(matches!(
+            rejected,
+            Recheck::Settle(Verdict::FailedFinal { .. }, "reconcile_found_rejected")
+        ));
+        let failed = |code: &str| {
+            recheck(Remote::Failed {
+                code: code.to_owned(),
+            })
+        };
+        assert_eq!(recheck(Remote::Pending), Recheck::Again);
+        assert_eq!(failed("http_503"), Recheck::Again);
+        assert_eq!(failed("timeout"), Recheck::Again);
+        assert_eq!(
+            failed("key_mismatch"),
+            Recheck::Stop("conflicting_evidence")
+        );
+        assert_eq!(recheck(Remote::Absent), Recheck::Stop("absent"));
+        assert_eq!(
+            recheck(Remote::Unsupported),
+            Recheck::Stop("lookup_unsupported")
+        );
     }
 
     #[test]

@@ -16,15 +16,24 @@
 //! Policy `reconcile_then_review` (payment orders) never goes back to execution without
 //! a positive lookup or a person; policy `review` skips the lookup.
 //!
+//! A review opened for a transient reason (pending, lookup failing: see
+//! [`oncely_core::review`]) is looked up again in the background with a doubling delay
+//! (`recheck_delay` … `max_recheck_delay`), taken like an unknown so two reconcilers never
+//! re-check it at once. A re-check only looks up: a definite answer settles the
+//! operation (the review closes itself as `auto:lookup` and the outcome is published), an
+//! absence or contradicting evidence leaves it to a person. Every lookup is appended to
+//! the review's evidence.
+//!
 //! The sweeper runs in every reconciler on a timer, in `SKIP LOCKED` batches: expired
 //! leases → `unknown` → reconcile queue; `planned` rows nobody claimed and due
 //! `failed_retryable` rows → published again; unknowns with no check for a while →
 //! taken and checked here, in background tasks beside the passes, so a slow provider
-//! never delays lease expiry. It also sets the backlog gauges.
+//! never delays lease expiry; transient reviews likewise. It also counts closed reviews
+//! (once each, across the fleet) and sets the backlog and review gauges.
 
 use crate::broker::Session;
 use crate::context::Context;
-use crate::decide;
+use crate::decide::{self, Recheck};
 use crate::outcome::{self, OutcomeEvent};
 use crate::provider::{Call, Provider, Remote};
 use crate::reconcile_request::ReconcileRequest;
@@ -32,9 +41,10 @@ use crate::shutdown::Shutdown;
 use futures_util::StreamExt;
 use lapin::options::BasicAckOptions;
 use oncely_core::config::{ActionPolicy, OnUnknown};
-use oncely_core::journal::{Completion, Operation, Verdict};
+use oncely_core::journal::{Completion, DueReview, NewReview, Operation, Verdict};
 use oncely_core::metrics as m;
 use oncely_core::publish::{PublishOptions, Publisher};
+use oncely_core::review::{Evidence, ReviewClass, ReviewReason};
 use oncely_core::{Envelope, IdempotencyKey, Status};
 use std::sync::Arc;
 use std::time::Duration;
@@ -155,7 +165,10 @@ async fn decide_one(
 ) -> anyhow::Result<Decision> {
     let (policy, provider, env) = match route(ctx, op) {
         Ok(routed) => routed,
-        Err(why) => return review(ctx, publisher, op, why).await,
+        Err(why) => {
+            let ctx_review = ReviewContext::unrouted(ctx, op);
+            return review(ctx, publisher, op, why, &ctx_review, None).await;
+        }
     };
     let remote = provider
         .lookup(Call {
@@ -172,6 +185,7 @@ async fn decide_one(
         verdict,
         reason: reason.into(),
     };
+    let seen = ReviewContext::routed(op, policy, provider.as_ref());
     match remote {
         Remote::Succeeded {
             provider_operation_id,
@@ -189,17 +203,25 @@ async fn decide_one(
             let c = settle(verdict, "reconcile_found_rejected");
             commit(ctx, publisher, op, c, Decision::FoundRejected).await
         }
-        Remote::Pending => recheck_later(ctx, publisher, op, policy, "still_pending".into()).await,
-        Remote::Failed { code } => {
-            recheck_later(ctx, publisher, op, policy, format!("lookup_failing:{code}")).await
+        Remote::Pending => {
+            let why = ReviewReason::StillPending;
+            recheck_later(ctx, publisher, op, policy, why, &seen, &remote).await
         }
-        Remote::Unsupported => review(ctx, publisher, op, "lookup_unsupported").await,
+        Remote::Failed { ref code } => {
+            let why = ReviewReason::lookup_failed(code);
+            recheck_later(ctx, publisher, op, policy, why, &seen, &remote).await
+        }
+        Remote::Unsupported => {
+            let why = ReviewReason::LookupUnsupported;
+            review(ctx, publisher, op, why, &seen, Some(&remote)).await
+        }
         Remote::Absent => {
             let caps = provider.capabilities();
             if let Err(why) =
                 decide::absent_retry_allowed(policy, &caps, op.first_attempt_at, op.read_at)
             {
-                return review(ctx, publisher, op, why).await;
+                let why = ReviewReason::parse(why);
+                return review(ctx, publisher, op, why, &seen, Some(&remote)).await;
             }
             let verdict = Verdict::FailedRetryable {
                 error_code: "reconcile_absent".into(),
@@ -220,38 +242,47 @@ async fn decide_one(
 fn route<'c>(
     ctx: &'c Context,
     op: &Operation,
-) -> Result<(&'c ActionPolicy, &'c Arc<dyn Provider>, Envelope), &'static str> {
-    let action =
-        oncely_core::ActionType::parse(&op.action_type).map_err(|_| "invalid_action_type")?;
-    let (policy, provider) = ctx.route(&action).ok_or("no_policy_for_action_type")?;
+) -> Result<(&'c ActionPolicy, &'c Arc<dyn Provider>, Envelope), ReviewReason> {
+    let action = oncely_core::ActionType::parse(&op.action_type)
+        .map_err(|_| ReviewReason::InvalidActionType)?;
+    let (policy, provider) = ctx
+        .route(&action)
+        .ok_or(ReviewReason::NoPolicyForActionType)?;
     if policy.on_unknown == OnUnknown::Review {
-        return Err("policy_requires_review");
+        return Err(ReviewReason::PolicyRequiresReview);
     }
     let env = ctx.journal.envelope_of(op).map_err(|e| {
         tracing::error!(key = %op.key, error = %e, "the payload cannot be had; a person decides");
-        e.reason()
+        ReviewReason::parse(e.reason())
     })?;
     Ok((policy, provider, env))
 }
 
 /// The provider could not say yet: check again after a backoff, or ask a person once the
-/// policy's checks are used up.
+/// policy's checks are used up (a transient reason: the review keeps being re-checked).
 async fn recheck_later(
     ctx: &Context,
     publisher: &Publisher,
     op: &Operation,
     policy: &ActionPolicy,
-    why: String,
+    why: ReviewReason,
+    seen: &ReviewContext,
+    remote: &Remote,
 ) -> anyhow::Result<Decision> {
     if op.reconcile_checks >= policy.max_reconcile_checks {
-        return review(ctx, publisher, op, &why).await;
+        return review(ctx, publisher, op, why, seen, Some(remote)).await;
     }
-    let delay = decide::retry_delay(ctx.config.reconciler.recheck_delay, op.reconcile_checks)
-        .min(ctx.config.reconciler.max_recheck_delay);
+    let delay = recheck_delay(ctx, op.reconcile_checks);
     ctx.journal
         .defer_unknown(&op.key, op.attempt_count, delay)
         .await?;
     Ok(Decision::Deferred)
+}
+
+/// The wait before check `n + 1`: `recheck_delay` doubling, at most `max_recheck_delay`.
+fn recheck_delay(ctx: &Context, n: i32) -> Duration {
+    let rc = &ctx.config.reconciler;
+    decide::retry_delay(rc.recheck_delay, n).min(rc.max_recheck_delay)
 }
 
 /// Publish an absent operation's retry now rather than at the next sweep (best effort:
@@ -277,34 +308,105 @@ async fn commit(
     c: Completion,
     decision: Decision,
 ) -> anyhow::Result<Decision> {
-    let status = c.verdict.status();
     if !ctx.journal.complete(&c, &ctx.owner).await? {
         return Ok(Decision::Raced);
     }
+    settled(ctx, publisher, op, &c.verdict).await;
+    Ok(decision)
+}
+
+/// After a settlement committed: count it and publish the outcome of a terminal status.
+async fn settled(ctx: &Context, publisher: &Publisher, op: &Operation, verdict: &Verdict) {
+    let status = verdict.status();
     metrics::counter!(m::TRANSITIONS, "action_type" => op.action_type.clone(), "status" => status.as_str()).increment(1);
     if status.is_terminal() {
         let secs = (op.read_at - op.created_at).num_milliseconds() as f64 / 1000.0;
         metrics::histogram!(m::TIME_TO_TERMINAL_SECONDS, "action_type" => op.action_type.clone(), "status" => status.as_str()).record(secs.max(0.0));
-        let ev = OutcomeEvent::for_operation(op, &c.verdict);
+        let ev = OutcomeEvent::for_operation(op, verdict);
         outcome::publish_one(publisher, &ctx.topology, &ev).await;
     }
-    Ok(decision)
 }
 
+/// What a review records about the policy and provider that sent an operation to it.
+struct ReviewContext(Evidence);
+
+impl ReviewContext {
+    /// For an operation whose policy or provider is known.
+    fn routed(op: &Operation, policy: &ActionPolicy, provider: &dyn Provider) -> Self {
+        let caps = provider.capabilities();
+        let on_unknown = serde_json::to_value(policy.on_unknown)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned));
+        Self(Evidence {
+            policy: on_unknown,
+            max_reconcile_checks: Some(policy.max_reconcile_checks),
+            provider: Some(provider.name().to_owned()),
+            honours_key: Some(caps.honours_key),
+            key_retention_secs: caps.key_retention.map(|d| d.as_secs()),
+            ..Self::bare(op)
+        })
+    }
+
+    /// For an operation that could not be routed (no policy, no payload): what the config
+    /// still says about it.
+    fn unrouted(ctx: &Context, op: &Operation) -> Self {
+        let routed = oncely_core::ActionType::parse(&op.action_type)
+            .ok()
+            .and_then(|a| ctx.route(&a));
+        match routed {
+            Some((policy, provider)) => Self::routed(op, policy, provider.as_ref()),
+            None => Self(Self::bare(op)),
+        }
+    }
+
+    fn bare(op: &Operation) -> Evidence {
+        Evidence {
+            attempts: op.attempt_count,
+            checks_before_review: op.reconcile_checks,
+            ..Evidence::default()
+        }
+    }
+}
+
+/// The lookup as a review's evidence records it: its label and its code (the provider's
+/// id when found).
+fn lookup_seen(remote: &Remote) -> (&'static str, Option<&str>) {
+    let code = match remote {
+        Remote::Succeeded {
+            provider_operation_id,
+            ..
+        } => Some(provider_operation_id.as_str()),
+        other => Some(other.code()).filter(|c| !c.is_empty()),
+    };
+    (remote.label(), code)
+}
+
+/// Open a review (a transient reason also gets its first background re-check) and
+/// publish `review_opened`.
 async fn review(
     ctx: &Context,
     publisher: &Publisher,
     op: &Operation,
-    reason: &str,
+    reason: ReviewReason,
+    seen: &ReviewContext,
+    lookup: Option<&Remote>,
 ) -> anyhow::Result<Decision> {
+    let class = reason.class();
+    let new = NewReview {
+        reason: &reason,
+        evidence: &seen.0,
+        lookup: lookup.map(lookup_seen),
+        recheck_in: (class == ReviewClass::Transient).then(|| recheck_delay(ctx, 0)),
+    };
     if ctx
         .journal
-        .open_review(&op.key, op.attempt_count, reason, &ctx.owner)
+        .open_review(&op.key, op.attempt_count, &new, &ctx.owner)
         .await?
     {
-        metrics::counter!(m::REVIEWS_OPENED, "action_type" => op.action_type.clone()).increment(1);
-        tracing::warn!(key = %op.key, action_type = %op.action_type, workflow = %op.workflow_id, reason, "review opened: a person must decide");
-        let ev = OutcomeEvent::review_opened(op, reason);
+        metrics::counter!(m::REVIEWS_OPENED, "action_type" => op.action_type.clone(), "reason" => reason.label()).increment(1);
+        let reason = reason.to_string();
+        tracing::warn!(key = %op.key, action_type = %op.action_type, workflow = %op.workflow_id, reason, class = class.as_str(), "review opened");
+        let ev = OutcomeEvent::review_opened(op, &reason);
         outcome::publish_one(publisher, &ctx.topology, &ev).await;
     }
     Ok(Decision::Review)
@@ -357,6 +459,13 @@ impl StaleChecks {
         self.most.saturating_sub(self.running.len())
     }
 
+    /// How many to take in one statement now: the room left, at most `batch`; `None`
+    /// when there is no room.
+    fn take_limit(&mut self, batch: i64) -> Option<i64> {
+        let room = i64::try_from(self.room()).unwrap_or(i64::MAX).min(batch);
+        (room > 0).then_some(room)
+    }
+
     /// Take as many stale unknowns as there is room for (one statement) and start their
     /// checks. Returns whether the batch was full.
     async fn take_and_start(
@@ -365,10 +474,9 @@ impl StaleChecks {
         publisher: &Publisher,
     ) -> anyhow::Result<bool> {
         let rc = &ctx.config.reconciler;
-        let room = i64::try_from(self.room()).unwrap_or(i64::MAX).min(rc.batch);
-        if room == 0 {
+        let Some(room) = self.take_limit(rc.batch) else {
             return Ok(false);
-        }
+        };
         let stale = ctx
             .journal
             .take_stale_unknowns(rc.stale_unknown_after, rc.check_lease, room)
@@ -390,6 +498,91 @@ impl StaleChecks {
             }
         });
     }
+
+    /// Take as many reviews due for a re-check as there is room for (one statement) and
+    /// start their lookups. Returns whether the batch was full.
+    async fn take_and_start_reviews(
+        &mut self,
+        ctx: &Context,
+        publisher: &Publisher,
+    ) -> anyhow::Result<bool> {
+        let rc = &ctx.config.reconciler;
+        let Some(room) = self.take_limit(rc.batch) else {
+            return Ok(false);
+        };
+        let due = ctx.journal.take_due_reviews(rc.check_lease, room).await?;
+        let full = due.len() as i64 == rc.batch;
+        for review in due {
+            let (ctx, publisher) = (ctx.clone(), publisher.clone());
+            self.running.spawn(async move {
+                metrics::counter!(m::SWEEPER_ACTIONS, "action" => "review_rechecked").increment(1);
+                if let Err(e) = recheck_review(&ctx, &publisher, &review).await {
+                    tracing::warn!(key = %review.op.key, error = %e, "review re-check failed; due again after the check lease");
+                }
+            });
+        }
+        Ok(full)
+    }
+}
+
+/// Look a transient review's operation up again — only look up, never execute: settle
+/// it on a definite answer (the review closes itself, `auto:lookup`, and the outcome is
+/// published), look again after a growing delay, or stop and leave it to a person.
+async fn recheck_review(
+    ctx: &Context,
+    publisher: &Publisher,
+    due: &DueReview,
+) -> anyhow::Result<()> {
+    let (op, id) = (&due.op, due.review.id);
+    let (_, provider, env) = match route(ctx, op) {
+        Ok(routed) => routed,
+        Err(why) => {
+            ctx.journal
+                .record_recheck(id, ("not_asked", Some(&why.to_string())), None)
+                .await?;
+            tracing::warn!(key = %op.key, reason = %why, "review re-check cannot ask the provider; left to a person");
+            return Ok(());
+        }
+    };
+    let remote = provider
+        .lookup(Call {
+            key: &op.key,
+            action_type: &op.action_type,
+            payload: &env.intent.payload,
+            first_attempt_at: op.first_attempt_at,
+        })
+        .await;
+    let (answer, code) = lookup_seen(&remote);
+    let code = code.map(str::to_owned);
+    let seen = (answer, code.as_deref());
+    match decide::recheck(remote) {
+        Recheck::Settle(verdict, reason) => {
+            let c = Completion {
+                key: op.key.clone(),
+                expected: Status::Unknown,
+                attempt: op.attempt_count,
+                verdict,
+                reason: reason.into(),
+            };
+            if ctx
+                .journal
+                .settle_reviewed(id, seen, &c, &ctx.owner)
+                .await?
+            {
+                tracing::info!(key = %op.key, action_type = %op.action_type, review = id, rechecks = due.review.rechecks, answer, "review closed by a lookup");
+                settled(ctx, publisher, op, &c.verdict).await;
+            }
+        }
+        Recheck::Again => {
+            let next = recheck_delay(ctx, due.review.rechecks);
+            ctx.journal.record_recheck(id, seen, Some(next)).await?;
+        }
+        Recheck::Stop(why) => {
+            ctx.journal.record_recheck(id, seen, None).await?;
+            tracing::warn!(key = %op.key, action_type = %op.action_type, review = id, why, "review re-check found what no lookup will change; left to a person");
+        }
+    }
+    Ok(())
 }
 
 /// One sweep: expire leases, republish, take stale unknowns and start their checks
@@ -466,8 +659,27 @@ async fn sweep_once(
     }
 
     full |= checks.take_and_start(ctx, publisher).await?;
+    full |= checks.take_and_start_reviews(ctx, publisher).await?;
+    count_closed_reviews(ctx).await?;
     set_gauges(ctx).await?;
     Ok(full)
+}
+
+/// Count the reviews closed since the last count, whoever closed them (a person, a
+/// statement import, a late answer, a lookup): each is counted by exactly one reconciler.
+async fn count_closed_reviews(ctx: &Context) -> anyhow::Result<()> {
+    for closed in ctx
+        .journal
+        .count_closed_reviews(ctx.config.reconciler.batch)
+        .await?
+    {
+        let reason = ReviewReason::parse(&closed.reason).label();
+        match closed.resolution.strip_prefix("auto:") {
+            Some(how) => metrics::counter!(m::REVIEWS_AUTO_CLOSED, "reason" => reason, "how" => how.to_owned()).increment(1),
+            None => metrics::counter!(m::REVIEWS_RESOLVED, "reason" => reason, "resolution" => closed.resolution).increment(1),
+        }
+    }
+    Ok(())
 }
 
 /// The backlog gauges. Every status gets a value (0 too), or an emptied status would
@@ -479,6 +691,13 @@ async fn set_gauges(ctx: &Context) -> anyhow::Result<()> {
         metrics::gauge!(m::OPERATIONS, "status" => s.as_str())
             .set(counts.get(s.as_str()).copied().unwrap_or(0) as f64);
     }
-    metrics::gauge!(m::REVIEWS_OPEN).set(ctx.journal.open_review_count().await? as f64);
+    let open = ctx.journal.open_reviews().await?;
+    metrics::gauge!(m::REVIEWS_OPEN).set((open.for_person + open.for_lookup) as f64);
+    metrics::gauge!(m::REVIEWS_WAITING, "waiting_on" => "person").set(open.for_person as f64);
+    metrics::gauge!(m::REVIEWS_WAITING, "waiting_on" => "lookup").set(open.for_lookup as f64);
+    metrics::gauge!(m::REVIEW_OLDEST_OPEN_SECONDS, "waiting_on" => "person")
+        .set(open.oldest_for_person_secs);
+    metrics::gauge!(m::REVIEW_OLDEST_OPEN_SECONDS, "waiting_on" => "lookup")
+        .set(open.oldest_for_lookup_secs);
     Ok(())
 }

@@ -14,8 +14,10 @@ use lapin::types::FieldTable;
 use oncely_core::config::BrokerConfig;
 use oncely_core::db::DbError;
 use oncely_core::journal::{
-    ClaimOutcome, ClaimRequest, Completion, Journal, JournalError, Recorded, Resolution, Verdict,
+    ClaimOutcome, ClaimRequest, Completion, Journal, JournalError, NewReview, Recorded, Resolution,
+    Verdict,
 };
+use oncely_core::review::{Evidence, ReviewReason};
 use oncely_core::roles::{Process, Role, check_grants, grants, rabbitmq};
 use oncely_core::topology::Topology;
 use oncely_core::{Envelope, IdempotencyKey, Intent, Status};
@@ -258,9 +260,14 @@ async fn each_role_can_run_its_statements_and_nothing_it_must_not() {
     // cannot resolve, delete, insert operations or start attempts.
     let rj = Journal::new(reconciler.clone());
     assert!(
-        rj.open_review(&c.key, 1, "lookup_unsupported", "reconciler")
-            .await
-            .expect("open a review as the reconciler")
+        rj.open_review(
+            &c.key,
+            1,
+            &NewReview::bare(&ReviewReason::LookupUnsupported),
+            "reconciler"
+        )
+        .await
+        .expect("open a review as the reconciler")
     );
     let republish = rj
         .take_for_republish(Duration::ZERO, 10)
@@ -319,6 +326,192 @@ async fn each_role_can_run_its_statements_and_nothing_it_must_not() {
     assert_eq!(purged, 2, "a and c, the terminal ones");
     assert!(owner.events(&a.key).await.expect("events").is_empty());
     assert!(owner.get(&b.key).await.expect("get").is_some());
+}
+
+/// Claims `e` as `journal`'s role (attempt 1), then, as the owner, makes it `unknown` the
+/// way the sweeper does when the lease expires.
+async fn claimed_then_unknown(journal: &Journal, owner: &Journal, e: &Envelope) {
+    let claims = journal
+        .claim(
+            &[ClaimRequest {
+                envelope: e,
+                lease: Duration::from_secs(60),
+            }],
+            "worker",
+        )
+        .await
+        .expect("claim");
+    assert!(matches!(claims[0], ClaimOutcome::Claimed(_)), "{claims:?}");
+    sqlx::query(
+        "UPDATE agent_operations SET status = 'unknown', lease_owner = NULL, lease_until = now(), \
+             last_actor = 'sweeper', last_reason = 'lease_expired' WHERE idempotency_key = $1",
+    )
+    .bind(e.key.as_str())
+    .execute(owner.pool())
+    .await
+    .expect("expire");
+}
+
+/// Transient reviews under least privilege: the reconciler opens one, re-checks it,
+/// settles it by a lookup (the review closes itself, `auto:lookup`) and counts closings,
+/// without any right to write a decision; a worker's late answer closes a review
+/// (`auto:late_answer`) with no right on reviews at all.
+#[tokio::test]
+async fn reviews_close_themselves_under_each_roles_grants() {
+    let db = TestDb::new().await;
+    let roles = DbRoles::create(&db).await;
+    let owner = db.journal();
+    let (_, worker) = roles.pool("worker", Role::Worker).await;
+    let (_, reconciler) = roles.pool("reconciler", Role::Reconciler).await;
+    let (wj, rj) = (
+        Journal::new(worker.clone()),
+        Journal::new(reconciler.clone()),
+    );
+    let (d, e) = (payment("d", 4), payment("e", 5));
+    owner
+        .record_many(&[d.clone(), e.clone()], "test")
+        .await
+        .expect("record");
+    claimed_then_unknown(&wj, &owner, &d).await;
+    claimed_then_unknown(&wj, &owner, &e).await;
+    let failing = ReviewReason::LookupFailing("http_503".into());
+    let evidence = Evidence::default();
+    let transient = NewReview {
+        reason: &failing,
+        evidence: &evidence,
+        lookup: Some(("failed", Some("http_503"))),
+        recheck_in: Some(Duration::ZERO),
+    };
+    for env in [&d, &e] {
+        let opened = rj
+            .open_review(&env.key, 1, &transient, "reconciler")
+            .await
+            .expect("open as the reconciler");
+        assert!(opened);
+    }
+
+    // The reconciler re-checks d twice: once still failing, then found.
+    let due = rj
+        .take_due_reviews(Duration::from_secs(30), 10)
+        .await
+        .expect("take as the reconciler");
+    assert_eq!(due.len(), 2, "{due:?}");
+    let rd = due.iter().find(|r| r.op.key == d.key).expect("d is due");
+    assert!(
+        rj.record_recheck(rd.review.id, ("failed", Some("http_503")), None)
+            .await
+            .expect("record as the reconciler")
+    );
+    let found = Completion {
+        key: d.key.clone(),
+        expected: Status::Unknown,
+        attempt: 1,
+        verdict: Verdict::Succeeded {
+            provider_operation_id: "po_d".into(),
+            result: json!({"id": "po_d"}),
+        },
+        reason: "reconcile_found_succeeded".into(),
+    };
+    assert!(
+        rj.settle_reviewed(
+            rd.review.id,
+            ("succeeded", Some("po_d")),
+            &found,
+            "reconciler"
+        )
+        .await
+        .expect("settle as the reconciler")
+    );
+
+    // The worker's late answer for e closes e's review.
+    let late = Completion {
+        key: e.key.clone(),
+        expected: Status::Executing,
+        attempt: 1,
+        verdict: Verdict::Succeeded {
+            provider_operation_id: "po_e".into(),
+            result: json!({"id": "po_e"}),
+        },
+        reason: "provider_succeeded".into(),
+    };
+    assert!(
+        wj.complete(&late, "worker")
+            .await
+            .expect("late answer as the worker")
+    );
+
+    for (env, how, actor) in [
+        (&d, "auto:lookup", "reconciler"),
+        (&e, "auto:late_answer", "worker"),
+    ] {
+        let review = owner
+            .reviews_of(&env.key)
+            .await
+            .expect("reviews")
+            .pop()
+            .expect("one");
+        assert_eq!(
+            (
+                review.resolution.as_deref(),
+                review.resolved_by.as_deref(),
+                review.recheck_at
+            ),
+            (Some(how), Some(actor), None),
+            "{review:?}"
+        );
+        let closed = owner
+            .events(&env.key)
+            .await
+            .expect("events")
+            .pop()
+            .expect("event");
+        assert_eq!(
+            (
+                closed.reason.as_str(),
+                closed.error_code.as_deref(),
+                closed.to_status.as_str()
+            ),
+            ("review_closed", Some(how), "succeeded")
+        );
+    }
+    let lookups: Vec<String> = owner.reviews_of(&d.key).await.expect("reviews")[0]
+        .evidence
+        .lookups
+        .iter()
+        .map(|l| l.answer.clone())
+        .collect();
+    assert_eq!(
+        lookups,
+        ["failed", "failed", "succeeded"],
+        "every lookup is evidence"
+    );
+
+    let mut counted: Vec<String> = rj
+        .count_closed_reviews(10)
+        .await
+        .expect("count as the reconciler")
+        .into_iter()
+        .map(|c| c.resolution)
+        .collect();
+    counted.sort();
+    assert_eq!(counted, ["auto:late_answer", "auto:lookup"]);
+    assert!(
+        rj.count_closed_reviews(10).await.expect("count").is_empty(),
+        "counted once"
+    );
+    assert_eq!(rj.open_reviews().await.expect("gauges").for_lookup, 0);
+    for sql in [
+        "UPDATE operation_reviews SET resolution = 'failed', resolved_by = 'reconciler', resolved_at = now()",
+        "UPDATE operation_reviews SET note = 'rewritten'",
+    ] {
+        refused(&reconciler, sql).await;
+    }
+    for sql in [
+        "UPDATE operation_reviews SET recheck_at = now()",
+        "SELECT * FROM operation_reviews",
+    ] {
+        refused(&worker, sql).await;
+    }
 }
 
 /// Every column the grants name exists, but for the sealed payload's (added by a

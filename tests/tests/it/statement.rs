@@ -2,7 +2,8 @@
 //! a generated bank statement settles 100 unknown payment orders, flags 2 unexpected
 //! effects, changes nothing when imported again, and bad rows block the import.
 
-use oncely_core::journal::{ClaimOutcome, ClaimRequest, Completion, Journal, Verdict};
+use oncely_core::journal::{ClaimOutcome, ClaimRequest, Completion, Journal, NewReview, Verdict};
+use oncely_core::review::ReviewReason;
 use oncely_core::{Envelope, Intent, Status};
 use oncely_tests::fleet::{Fleet, secret};
 use serde_json::{Value, json};
@@ -85,12 +86,15 @@ async fn import(fleet: &Fleet, file: &std::path::Path, extra: &[&str]) -> (i32, 
     (code, report)
 }
 
+/// Settlement events by `actor` (not the `review_closed` events that go with some).
 async fn events_by(fleet: &Fleet, actor: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM operation_events WHERE actor = $1")
-        .bind(actor)
-        .fetch_one(&fleet.db.pool)
-        .await
-        .expect("events")
+    sqlx::query_scalar(
+        "SELECT count(*) FROM operation_events WHERE actor = $1 AND reason <> 'review_closed'",
+    )
+    .bind(actor)
+    .fetch_one(&fleet.db.pool)
+    .await
+    .expect("events")
 }
 
 fn count(report: &Value, field: &str) -> usize {
@@ -106,9 +110,14 @@ async fn a_statement_settles_unknowns_flags_unexpected_effects_and_is_idempotent
     drive(&j, &unknowns, |_| unknown()).await;
     for e in &unknowns[..10] {
         assert!(
-            j.open_review(&e.key, 1, "lookup_unsupported", "test")
-                .await
-                .expect("review")
+            j.open_review(
+                &e.key,
+                1,
+                &NewReview::bare(&ReviewReason::LookupUnsupported),
+                "test"
+            )
+            .await
+            .expect("review")
         );
     }
     let settled: Vec<Envelope> = (200..202).map(order).collect();
@@ -210,13 +219,18 @@ async fn a_statement_settles_unknowns_flags_unexpected_effects_and_is_idempotent
         "one event per settlement"
     );
     let closed: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM operation_reviews WHERE resolved_by = $1 AND resolution = 'succeeded'",
+        "SELECT count(*) FROM operation_reviews r WHERE resolved_by = $1 AND resolution = 'auto:statement' \
+           AND EXISTS (SELECT 1 FROM operation_events e WHERE e.idempotency_key = r.idempotency_key \
+                       AND e.reason = 'review_closed' AND e.error_code = 'auto:statement' AND e.actor = $1)",
     )
     .bind(actor)
     .fetch_one(&fleet.db.pool)
     .await
     .expect("reviews");
-    assert_eq!(closed, 10, "the open reviews of settled orders are closed");
+    assert_eq!(
+        closed, 10,
+        "the open reviews of settled orders closed themselves, each with an event"
+    );
     let other = fleet.op(&settled[1].key).await.expect("row");
     assert_eq!(
         other.provider_operation_id.as_deref(),

@@ -511,8 +511,8 @@ impl Provider for HttpProvider {
                 provider = %self.name,
                 key = %call.key,
                 action_type = call.action_type,
-                remote = remote_label(&remote),
-                code = remote_code(&remote),
+                remote = remote.label(),
+                code = remote.code(),
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "provider lookup",
             );
@@ -545,24 +545,6 @@ fn outcome_code(outcome: &Outcome) -> &str {
     match outcome {
         Outcome::Rejected { code } | Outcome::NotSent { code } | Outcome::Unknown { code } => code,
         Outcome::Succeeded { .. } | Outcome::InFlight => "",
-    }
-}
-
-fn remote_label(remote: &Remote) -> &'static str {
-    match remote {
-        Remote::Succeeded { .. } => "succeeded",
-        Remote::Rejected { .. } => "rejected",
-        Remote::Pending => "pending",
-        Remote::Absent => "absent",
-        Remote::Unsupported => "unsupported",
-        Remote::Failed { .. } => "failed",
-    }
-}
-
-fn remote_code(remote: &Remote) -> &str {
-    match remote {
-        Remote::Rejected { code } | Remote::Failed { code } => code,
-        Remote::Succeeded { .. } | Remote::Pending | Remote::Absent | Remote::Unsupported => "",
     }
 }
 

@@ -213,6 +213,28 @@ pub enum Remote {
     },
 }
 
+impl Remote {
+    /// A bounded label for logs, metrics and a review's evidence.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Remote::Succeeded { .. } => "succeeded",
+            Remote::Rejected { .. } => "rejected",
+            Remote::Pending => "pending",
+            Remote::Absent => "absent",
+            Remote::Unsupported => "unsupported",
+            Remote::Failed { .. } => "failed",
+        }
+    }
+
+    /// The short code of a rejection or a failed lookup (`""` for the other answers).
+    pub fn code(&self) -> &str {
+        match self {
+            Remote::Rejected { code } | Remote::Failed { code } => code,
+            Remote::Succeeded { .. } | Remote::Pending | Remote::Absent | Remote::Unsupported => "",
+        }
+    }
+}
+
 /// What a provider promises; the policies decide with it (retry after absence, …).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
