@@ -578,6 +578,48 @@ impl Fleet {
         let _ = ch.close(200, "done".into()).await;
     }
 
+    /// Listen to the outcomes exchange for routing keys matching `pattern`
+    /// (`email.send.*`, `#`) on an exclusive queue of this test; read with
+    /// [`next_outcome`].
+    pub async fn listen_outcomes(&self, pattern: &str) -> lapin::Consumer {
+        use lapin::options::{BasicConsumeOptions, QueueBindOptions};
+        let q = unique_name(&format!("{}.listener", self.prefix));
+        self.channel
+            .queue_declare(
+                q.as_str().into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("queue");
+        self.channel
+            .queue_bind(
+                q.as_str().into(),
+                self.topology().outcomes_exchange().into(),
+                pattern.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind");
+        self.channel
+            .basic_consume(
+                q.as_str().into(),
+                "listener".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume")
+    }
+
     /// Ready messages in a queue (passive declare).
     pub async fn ready(&self, queue: &str) -> u32 {
         let q = self
@@ -662,4 +704,19 @@ impl Drop for Fleet {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The next outcome a [`Fleet::listen_outcomes`] consumer hears: its routing key and
+/// body. Panics after 30 s without one.
+pub async fn next_outcome(c: &mut lapin::Consumer) -> (String, serde_json::Value) {
+    use futures_util::StreamExt;
+    let d = tokio::time::timeout(Duration::from_secs(30), c.next())
+        .await
+        .expect("an outcome in time")
+        .expect("stream")
+        .expect("delivery");
+    (
+        d.routing_key.to_string(),
+        serde_json::from_slice(&d.data).expect("json"),
+    )
 }

@@ -1,12 +1,9 @@
 //! Admin commands and outcome events, from the outside.
 
-use futures_util::StreamExt;
-use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
 use oncely_core::journal::{ClaimOutcome, ClaimRequest, Completion, Verdict};
 use oncely_core::{Intent, Status};
 use oncely_tests::eventually;
-use oncely_tests::fleet::{Fleet, FleetOptions, secret};
+use oncely_tests::fleet::{Fleet, FleetOptions, next_outcome, secret};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -97,44 +94,7 @@ async fn ops_list_filters_and_purge_respects_key_retention() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_hear_outcomes_and_conflicts() {
     let fleet = Fleet::new().await;
-    let q = format!("{}.listener", fleet.prefix);
-    fleet
-        .channel
-        .queue_declare(
-            q.as_str().into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("queue");
-    fleet
-        .channel
-        .queue_bind(
-            q.as_str().into(),
-            fleet.topology().outcomes_exchange().into(),
-            "email.send.*".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("bind");
-    let mut consumer = fleet
-        .channel
-        .basic_consume(
-            q.as_str().into(),
-            "listener".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
+    let mut consumer = fleet.listen_outcomes("email.send.*").await;
     let _w = fleet.worker();
     let first = email(1, "hello").seal(&secret()).expect("seal");
     let conflicting = email(1, "changed").seal(&secret()).expect("seal");
@@ -158,16 +118,4 @@ async fn agents_hear_outcomes_and_conflicts() {
             .all(|(_, v)| v.get("payload").is_none() && !v.to_string().contains("a@example.test")),
         "no payload in outcomes"
     );
-}
-
-async fn next_outcome(c: &mut lapin::Consumer) -> (String, Value) {
-    let d = tokio::time::timeout(Duration::from_secs(30), c.next())
-        .await
-        .expect("an outcome in time")
-        .expect("stream")
-        .expect("delivery");
-    (
-        d.routing_key.to_string(),
-        serde_json::from_slice::<Value>(&d.data).expect("json"),
-    )
 }

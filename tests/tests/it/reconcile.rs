@@ -1,11 +1,13 @@
 //! Unknown never becomes a blind retry: the reconciler asks first, the sweeper heals,
 //! a person decides when nobody can tell. Real workers, reconcilers and admin commands.
 
+use oncely_core::journal::Review;
+use oncely_core::review::ReviewClass;
 use oncely_core::{Envelope, Intent, Status};
 use oncely_producer::Enqueued;
 use oncely_tests::eventually;
-use oncely_tests::fleet::{FAST_RECONCILER, Fleet, FleetOptions, secret};
-use serde_json::json;
+use oncely_tests::fleet::{FAST_RECONCILER, Fleet, FleetOptions, next_outcome, secret};
+use serde_json::{Value, json};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -637,4 +639,261 @@ async fn hanging_lookups_do_not_hold_back_lease_expiry() {
         assert_eq!(op.last_reason, "provider_timeout");
     }
     let _ = bank.release.send(true);
+}
+
+/// The operation's latest review, if any.
+async fn review_of(fleet: &Fleet, env: &Envelope) -> Option<Review> {
+    fleet
+        .db
+        .journal()
+        .reviews_of(&env.key)
+        .await
+        .expect("reviews")
+        .pop()
+}
+
+/// Outcomes heard until `key`'s with this routing key (a bounded number of them).
+async fn hear(consumer: &mut lapin::Consumer, routing_key: &str, key: &str) -> Value {
+    for _ in 0..20 {
+        let (rk, body) = next_outcome(consumer).await;
+        if rk == routing_key && body["idempotency_key"] == json!(key) {
+            return body;
+        }
+    }
+    panic!("no {routing_key} outcome for {key}");
+}
+
+/// Lookups down: a payment order whose answer was lost goes to a person only because
+/// its lookups answered 503 — a transient reason, so the reconciler keeps looking it up
+/// in the background (and records each lookup). Once lookups are back, the review closes
+/// itself (`auto:lookup`) in the same transaction as the operation's move to `succeeded`
+/// with the bank's id, the outcome is published, and the bank holds one effect. A
+/// definitive review (money proven absent: never retried without a person) is never
+/// re-checked and stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_for_unavailable_lookups_closes_itself_once_they_return() {
+    let fleet = Fleet::with(FleetOptions {
+        max_reconcile_checks: Some(2),
+        ..quick()
+    })
+    .await;
+    let mut outcomes = fleet.listen_outcomes("payment_order.create.*").await;
+    let control = fleet.sandbox.control();
+    let a = payment(40, 400).seal(&secret()).expect("seal");
+    let b = payment(41, 410).seal(&secret()).expect("seal");
+    // B: a 5xx before the bank committed: the bank has nothing, and money is never
+    // retried on absence alone.
+    control
+        .set_faults_json(&json!({"rules": [
+            {"provider": "bank", "mode": "error_before_commit", "key": b.key.as_str(), "times": 1}]}))
+        .await
+        .expect("faults");
+    let _w = fleet.worker();
+    let _r = fleet.reconciler();
+    fleet
+        .publish_raw("payment_order.create", &b.to_bytes())
+        .await;
+    let rb = eventually("b's review", DEADLINE, || review_of(&fleet, &b)).await;
+    assert_eq!(rb.reason, "absent_policy_requires_review");
+    assert_eq!(rb.reason().class(), ReviewClass::Definitive);
+    assert!(rb.waits_for_person(), "{rb:?}");
+
+    // A: the bank accepts and never answers, and its lookups are down.
+    control
+        .set_faults_json(&json!({"lookup_disabled": ["bank"], "rules": [
+            {"provider": "bank", "mode": "accept_then_timeout", "key": a.key.as_str(), "times": 1, "hold_ms": 30000}]}))
+        .await
+        .expect("faults");
+    fleet
+        .publish_raw("payment_order.create", &a.to_bytes())
+        .await;
+    let ra = eventually(
+        "a's review, re-checked while lookups are down",
+        DEADLINE,
+        || async { review_of(&fleet, &a).await.filter(|r| r.rechecks >= 2) },
+    )
+    .await;
+    assert_eq!(ra.reason, "lookup_failing:http_503");
+    assert_eq!(ra.reason().class(), ReviewClass::Transient);
+    assert!(ra.resolution.is_none() && ra.recheck_at.is_some(), "{ra:?}");
+    let ev = &ra.evidence;
+    assert_eq!(
+        (
+            ev.policy.as_deref(),
+            ev.provider.as_deref(),
+            ev.key_retention_secs,
+            ev.attempts,
+            ev.checks_before_review
+        ),
+        (
+            Some("reconcile_then_review"),
+            Some("bank"),
+            Some(86_400),
+            1,
+            2
+        )
+    );
+    assert!(ev.lookups.len() >= 3, "{ev:?}");
+    assert!(
+        ev.lookups
+            .iter()
+            .all(|l| (l.answer.as_str(), l.code.as_deref()) == ("failed", Some("http_503"))),
+        "{ev:?}"
+    );
+    assert_eq!(fleet.op(&a.key).await.expect("row").status, Status::Unknown);
+    hear(
+        &mut outcomes,
+        "payment_order.create.review_opened",
+        a.key.as_str(),
+    )
+    .await;
+
+    // Lookups are back: the next re-check settles it.
+    control.set_faults_json(&json!({})).await.expect("faults");
+    let op = wait_status(&fleet, &a, Status::Succeeded).await;
+    let id = op.provider_operation_id.clone().expect("the bank's id");
+    assert!(id.starts_with("po_"), "{id}");
+    let ra = review_of(&fleet, &a).await.expect("review");
+    assert_eq!(ra.resolution.as_deref(), Some("auto:lookup"), "{ra:?}");
+    assert!(ra.recheck_at.is_none());
+    let last = ra.evidence.lookups.last().expect("lookups");
+    assert_eq!(
+        (last.answer.as_str(), last.code.as_deref()),
+        ("succeeded", Some(id.as_str()))
+    );
+    let trail: Vec<(String, String, Option<String>)> = events(&fleet, &a)
+        .await
+        .into_iter()
+        .rev()
+        .take(2)
+        .map(|e| (e.to_status, e.reason, e.error_code))
+        .collect();
+    assert_eq!(
+        trail,
+        [
+            (
+                "succeeded".into(),
+                "review_closed".into(),
+                Some("auto:lookup".into())
+            ),
+            ("succeeded".into(), "reconcile_found_succeeded".into(), None),
+        ]
+    );
+    let heard = hear(
+        &mut outcomes,
+        "payment_order.create.succeeded",
+        a.key.as_str(),
+    )
+    .await;
+    assert_eq!(heard["provider_operation_id"], json!(id));
+    assert_eq!(fleet.sandbox.effects().count(a.key.as_str()), 1);
+    assert_eq!(
+        control.stats().await.expect("stats")["executes"]["bank"],
+        json!(2),
+        "a re-check never executes: one call each"
+    );
+
+    // B, definitive, was never looked up again and still waits for a person.
+    let rb = review_of(&fleet, &b).await.expect("review");
+    assert!(rb.waits_for_person() && rb.rechecks == 0, "{rb:?}");
+    assert_eq!(fleet.op(&b.key).await.expect("row").status, Status::Unknown);
+    let (code, out, _) = fleet.admin(&["review", "list", "--json"]).await;
+    assert_eq!(code, 0);
+    let listed: Value = serde_json::from_str(&out).expect("json");
+    let listed_b = listed
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|r| r["idempotency_key"] == json!(b.key.as_str()))
+        .expect("b listed");
+    assert_eq!(
+        (
+            &listed_b["class"],
+            &listed_b["waiting_on"],
+            &listed_b["evidence"]["lookups"][0]["answer"]
+        ),
+        (&json!("definitive"), &json!("person"), &json!("absent")),
+        "{listed_b}"
+    );
+    assert!(
+        !listed
+            .as_array()
+            .expect("array")
+            .iter()
+            .any(|r| r["idempotency_key"] == json!(a.key.as_str())),
+        "a closed review is not listed as open: {out}"
+    );
+}
+
+/// Two reconcilers re-checking the same transient reviews: each closes once, each
+/// operation is decided once, each effect happens once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reconcilers_never_close_a_review_twice() {
+    let fleet = Fleet::with(FleetOptions {
+        max_reconcile_checks: Some(1),
+        ..quick()
+    })
+    .await;
+    let envs: Vec<Envelope> = (0..10)
+        .map(|n| payment(500 + n, 5000).seal(&secret()).expect("seal"))
+        .collect();
+    fleet
+        .sandbox
+        .control()
+        .set_faults_json(&json!({"lookup_disabled": ["bank"], "rules": [
+            {"provider": "bank", "mode": "accept_then_timeout", "hold_ms": 30000}]}))
+        .await
+        .expect("faults");
+    let w = fleet.worker();
+    let _r1 = fleet.reconciler();
+    for e in &envs {
+        fleet
+            .publish_raw("payment_order.create", &e.to_bytes())
+            .await;
+    }
+    let open = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM operation_reviews WHERE resolved_at IS NULL AND recheck_at IS NOT NULL",
+        )
+        .fetch_one(&fleet.db.pool)
+        .await
+        .expect("count")
+    };
+    eventually("ten transient reviews", DEADLINE, || async {
+        (open().await == 10).then_some(())
+    })
+    .await;
+    drop(w);
+    let _r2 = fleet.reconciler();
+    fleet
+        .sandbox
+        .control()
+        .set_faults_json(&json!({}))
+        .await
+        .expect("faults");
+    eventually("all settled", DEADLINE, || async {
+        (fleet.count("succeeded").await == 10).then_some(())
+    })
+    .await;
+    for e in &envs {
+        let trail = events(&fleet, e).await;
+        let decided = trail
+            .iter()
+            .filter(|ev| ev.from_status.as_deref() == Some("unknown") && ev.to_status != "unknown")
+            .count();
+        let closed = trail
+            .iter()
+            .filter(|ev| ev.reason == "review_closed")
+            .count();
+        assert_eq!((decided, closed), (1, 1), "{}: {trail:?}", e.key);
+        let reviews = fleet
+            .db
+            .journal()
+            .reviews_of(&e.key)
+            .await
+            .expect("reviews");
+        assert_eq!(reviews.len(), 1);
+        assert_eq!(reviews[0].resolution.as_deref(), Some("auto:lookup"));
+        assert_eq!(fleet.sandbox.effects().count(e.key.as_str()), 1);
+    }
 }

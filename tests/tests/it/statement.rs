@@ -108,16 +108,27 @@ async fn a_statement_settles_unknowns_flags_unexpected_effects_and_is_idempotent
     // 102 unknown payment orders (10 with an open review), 2 settled ones.
     let unknowns: Vec<Envelope> = (0..102).map(order).collect();
     drive(&j, &unknowns, |_| unknown()).await;
-    for e in &unknowns[..10] {
+    // Half for a person, half still re-checked (lookups failing, next one far off): a
+    // statement closes both kinds.
+    let (unsupported, failing) = (
+        ReviewReason::LookupUnsupported,
+        ReviewReason::LookupFailing("http_503".into()),
+    );
+    let transient = NewReview {
+        recheck_in: Some(Duration::from_secs(3600)),
+        lookup: Some(("failed", Some("http_503"))),
+        ..NewReview::bare(&failing)
+    };
+    for (i, e) in unknowns[..10].iter().enumerate() {
+        let review = if i % 2 == 0 {
+            NewReview::bare(&unsupported)
+        } else {
+            transient.clone()
+        };
         assert!(
-            j.open_review(
-                &e.key,
-                1,
-                &NewReview::bare(&ReviewReason::LookupUnsupported),
-                "test"
-            )
-            .await
-            .expect("review")
+            j.open_review(&e.key, 1, &review, "test")
+                .await
+                .expect("review")
         );
     }
     let settled: Vec<Envelope> = (200..202).map(order).collect();
