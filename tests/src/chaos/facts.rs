@@ -289,13 +289,14 @@ pub(super) async fn status_counts(pool: &PgPool) -> anyhow::Result<BTreeMap<Stri
     Ok(rows.into_iter().collect())
 }
 
-/// (live: planned/executing/failed_retryable, unknown without an open review).
+/// (live: planned/executing/failed_retryable, unknown not yet with a person: without an
+/// open review, or with one still re-checked by lookups — automation may still settle it).
 pub(super) async fn unsettled(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
     read("unsettled", || {
         sqlx::query_as(
             "SELECT count(*) FILTER (WHERE status IN ('planned', 'executing', 'failed_retryable')), \
                     count(*) FILTER (WHERE status = 'unknown' AND NOT EXISTS (SELECT 1 FROM operation_reviews r \
-                        WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL)) \
+                        WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL AND r.recheck_at IS NULL)) \
              FROM agent_operations o",
         )
         .fetch_one(pool)
@@ -382,6 +383,10 @@ pub(super) struct Figures {
     pub from_unknown: Groups,
     /// Reviews opened, by reason.
     pub reviews: Groups,
+    /// Reviews closed, by resolution (`auto:*`: closed by themselves; the others by people).
+    pub reviews_closed: Groups,
+    /// Open reviews still re-checked by lookups (the rest wait for a person).
+    pub reviews_rechecked: i64,
     /// Events of a few telling reasons.
     pub other_reasons: Groups,
     /// The journal's statuses at the end.
@@ -467,6 +472,17 @@ impl Figures {
         self.reviews = grouped(
             pool,
             "SELECT reason, count(*) FROM operation_reviews GROUP BY reason ORDER BY 2 DESC",
+        )
+        .await?;
+        self.reviews_closed = grouped(
+            pool,
+            "SELECT resolution, count(*) FROM operation_reviews WHERE resolved_at IS NOT NULL \
+             GROUP BY resolution ORDER BY 2 DESC",
+        )
+        .await?;
+        self.reviews_rechecked = count(
+            pool,
+            "SELECT count(*) FROM operation_reviews WHERE resolved_at IS NULL AND recheck_at IS NOT NULL",
         )
         .await?;
         self.other_reasons = grouped(

@@ -6,7 +6,7 @@
 
 use super::checks::{Check, Verdict};
 use super::crew::CrewTally;
-use super::facts::{self, Facts, Figures};
+use super::facts::{self, Facts, Figures, Groups};
 use super::faults::FaultTally;
 use super::logs::{self, LogFigures};
 use super::schedule::Timeline;
@@ -335,12 +335,39 @@ fn unknowns(r: &mut String, run: &Run<'_>) {
         fmt_groups(&f.to_unknown)
     );
     let _ = writeln!(r, "  out of unknown     {}", fmt_groups(&f.from_unknown));
+    let auto: Groups = f
+        .reviews_closed
+        .iter()
+        .filter(|(how, _)| how.starts_with("auto:"))
+        .cloned()
+        .collect();
+    let people: Groups = f
+        .reviews_closed
+        .iter()
+        .filter(|(how, _)| !how.starts_with("auto:"))
+        .cloned()
+        .collect();
+    let sum = |g: &Groups| g.iter().map(|(_, v)| v).sum::<i64>();
     let _ = writeln!(
         r,
-        "  reviews opened     {} {}; open now {} (with an effect at the provider {}, on settled operations {})",
-        f.reviews.iter().map(|(_, v)| v).sum::<i64>(),
-        fmt_groups(&f.reviews),
+        "  reviews opened     {} {}",
+        sum(&f.reviews),
+        fmt_groups(&f.reviews)
+    );
+    let _ = writeln!(
+        r,
+        "  reviews closed     by themselves {} {}, by people {} {}",
+        sum(&auto),
+        fmt_groups(&auto),
+        sum(&people),
+        fmt_groups(&people)
+    );
+    let _ = writeln!(
+        r,
+        "  reviews left open  {}: for people {}, still re-checked {}; with an effect the provider can prove {} (target 0), on settled operations {}",
         facts.open_reviews.len(),
+        facts.open_reviews.len() as i64 - f.reviews_rechecked,
+        f.reviews_rechecked,
         with_effect,
         f.reviews_on_settled
     );

@@ -264,8 +264,9 @@ pub(super) async fn heal(
     })
 }
 
-/// Whether the fleet is quiet (nothing live, every unknown in review, the queues but the
-/// dead-letter queue empty), and a line saying what is not.
+/// Whether the fleet is quiet (nothing live, every unknown in a review for a person — a
+/// review still re-checked by lookups may yet settle — the queues but the dead-letter
+/// queue empty), and a line saying what is not.
 async fn settle_state(fleet: &Fleet, node: Option<&str>) -> anyhow::Result<(bool, String)> {
     let (live, unknown_open) = unsettled(&fleet.db.pool).await?;
     let mut quiet = false;
@@ -284,7 +285,7 @@ async fn settle_state(fleet: &Fleet, node: Option<&str>) -> anyhow::Result<(bool
         }
     }
     let state = format!(
-        "live (planned/executing/failed_retryable) {live}, unknown without review {unknown_open}, queues {depth_text}"
+        "live (planned/executing/failed_retryable) {live}, unknown not with a person {unknown_open}, queues {depth_text}"
     );
     Ok((quiet, state))
 }
