@@ -166,8 +166,11 @@ async fn decide_one(
     let (policy, provider, env) = match route(ctx, op) {
         Ok(routed) => routed,
         Err(why) => {
-            let ctx_review = ReviewContext::unrouted(ctx, op);
-            return review(ctx, publisher, op, why, &ctx_review, None).await;
+            let routed = oncely_core::ActionType::parse(&op.action_type)
+                .ok()
+                .and_then(|a| ctx.route(&a));
+            let evidence = review_evidence(op, routed.map(|(p, v)| (p, v.as_ref())));
+            return review(ctx, publisher, op, why, &evidence, None).await;
         }
     };
     let remote = provider
@@ -185,7 +188,7 @@ async fn decide_one(
         verdict,
         reason: reason.into(),
     };
-    let seen = ReviewContext::routed(op, policy, provider.as_ref());
+    let evidence = review_evidence(op, Some((policy, provider.as_ref())));
     match remote {
         Remote::Succeeded {
             provider_operation_id,
@@ -205,15 +208,15 @@ async fn decide_one(
         }
         Remote::Pending => {
             let why = ReviewReason::StillPending;
-            recheck_later(ctx, publisher, op, policy, why, &seen, &remote).await
+            recheck_later(ctx, publisher, op, policy, why, &evidence, &remote).await
         }
         Remote::Failed { ref code } => {
             let why = ReviewReason::lookup_failed(code);
-            recheck_later(ctx, publisher, op, policy, why, &seen, &remote).await
+            recheck_later(ctx, publisher, op, policy, why, &evidence, &remote).await
         }
         Remote::Unsupported => {
             let why = ReviewReason::LookupUnsupported;
-            review(ctx, publisher, op, why, &seen, Some(&remote)).await
+            review(ctx, publisher, op, why, &evidence, Some(&remote)).await
         }
         Remote::Absent => {
             let caps = provider.capabilities();
@@ -221,7 +224,7 @@ async fn decide_one(
                 decide::absent_retry_allowed(policy, &caps, op.first_attempt_at, op.read_at)
             {
                 let why = ReviewReason::parse(why);
-                return review(ctx, publisher, op, why, &seen, Some(&remote)).await;
+                return review(ctx, publisher, op, why, &evidence, Some(&remote)).await;
             }
             let verdict = Verdict::FailedRetryable {
                 error_code: "reconcile_absent".into(),
@@ -266,11 +269,11 @@ async fn recheck_later(
     op: &Operation,
     policy: &ActionPolicy,
     why: ReviewReason,
-    seen: &ReviewContext,
+    evidence: &Evidence,
     remote: &Remote,
 ) -> anyhow::Result<Decision> {
     if op.reconcile_checks >= policy.max_reconcile_checks {
-        return review(ctx, publisher, op, why, seen, Some(remote)).await;
+        return review(ctx, publisher, op, why, evidence, Some(remote)).await;
     }
     let delay = recheck_delay(ctx, op.reconcile_checks);
     ctx.journal
@@ -327,44 +330,28 @@ async fn settled(ctx: &Context, publisher: &Publisher, op: &Operation, verdict: 
     }
 }
 
-/// What a review records about the policy and provider that sent an operation to it.
-struct ReviewContext(Evidence);
-
-impl ReviewContext {
-    /// For an operation whose policy or provider is known.
-    fn routed(op: &Operation, policy: &ActionPolicy, provider: &dyn Provider) -> Self {
-        let caps = provider.capabilities();
-        let on_unknown = serde_json::to_value(policy.on_unknown)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned));
-        Self(Evidence {
-            policy: on_unknown,
-            max_reconcile_checks: Some(policy.max_reconcile_checks),
-            provider: Some(provider.name().to_owned()),
-            honours_key: Some(caps.honours_key),
-            key_retention_secs: caps.key_retention.map(|d| d.as_secs()),
-            ..Self::bare(op)
-        })
-    }
-
-    /// For an operation that could not be routed (no policy, no payload): what the config
-    /// still says about it.
-    fn unrouted(ctx: &Context, op: &Operation) -> Self {
-        let routed = oncely_core::ActionType::parse(&op.action_type)
-            .ok()
-            .and_then(|a| ctx.route(&a));
-        match routed {
-            Some((policy, provider)) => Self::routed(op, policy, provider.as_ref()),
-            None => Self(Self::bare(op)),
-        }
-    }
-
-    fn bare(op: &Operation) -> Evidence {
-        Evidence {
-            attempts: op.attempt_count,
-            checks_before_review: op.reconcile_checks,
-            ..Evidence::default()
-        }
+/// What a review records about the operation and, when known, the policy and provider
+/// that sent it to review.
+fn review_evidence(op: &Operation, routed: Option<(&ActionPolicy, &dyn Provider)>) -> Evidence {
+    let bare = Evidence {
+        attempts: op.attempt_count,
+        checks_before_review: op.reconcile_checks,
+        ..Evidence::default()
+    };
+    let Some((policy, provider)) = routed else {
+        return bare;
+    };
+    let caps = provider.capabilities();
+    let on_unknown = serde_json::to_value(policy.on_unknown)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned));
+    Evidence {
+        policy: on_unknown,
+        max_reconcile_checks: Some(policy.max_reconcile_checks),
+        provider: Some(provider.name().to_owned()),
+        honours_key: Some(caps.honours_key),
+        key_retention_secs: caps.key_retention.map(|d| d.as_secs()),
+        ..bare
     }
 }
 
@@ -388,13 +375,13 @@ async fn review(
     publisher: &Publisher,
     op: &Operation,
     reason: ReviewReason,
-    seen: &ReviewContext,
+    evidence: &Evidence,
     lookup: Option<&Remote>,
 ) -> anyhow::Result<Decision> {
     let class = reason.class();
     let new = NewReview {
         reason: &reason,
-        evidence: &seen.0,
+        evidence,
         lookup: lookup.map(lookup_seen),
         recheck_in: (class == ReviewClass::Transient).then(|| recheck_delay(ctx, 0)),
     };
