@@ -7,7 +7,7 @@
 //! reconcilers never look the same review up at once, and a reconciler that dies
 //! mid-lookup leaves the review due again after the lease. A re-check only looks up:
 //! it either settles the operation (the review then closes itself, `auto:lookup`, by the
-//! trigger of migration `20261207000000_review_evidence.sql`), schedules the next
+//! trigger of migration `20261209000000_review_evidence.sql`), schedules the next
 //! lookup, or stops re-checking (`recheck_at` NULL) and leaves the review to a person.
 //! Every lookup is appended to the review's evidence.
 

@@ -120,7 +120,7 @@ impl Journal {
     /// Settles an `unknown` operation at `attempt` as the statement says — one
     /// compare-and-set, the event's actor `actor` (`statement:<file>`). An open review on
     /// it closes itself in the same statement (resolution `auto:statement`, with an
-    /// event: the trigger of migration `20261207000000_review_evidence.sql`). Returns
+    /// event: the trigger of migration `20261209000000_review_evidence.sql`). Returns
     /// whether it moved (false: it changed meanwhile).
     pub async fn settle_from_statement(
         &self,

@@ -257,7 +257,7 @@ const WORKER: &[Need] = &[
 /// republish, open reviews (with their audit row), re-check transient reviews (their
 /// evidence and next lookup), count for the metrics. It reads reviews (a key with an
 /// open one is not taken) but cannot write a decision: a review it settles by a lookup
-/// closes itself (the trigger of migration 20261207000000_review_evidence.sql).
+/// closes itself (the trigger of migration 20261209000000_review_evidence.sql).
 const RECONCILER: &[Need] = &[
     SCHEMA_VERSION,
     table(Select, OPERATIONS, Table),

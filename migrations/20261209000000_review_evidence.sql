@@ -76,8 +76,9 @@ BEGIN
                    current_schema());
 END $$;
 
--- Named to fire after `agent_operations_events` (triggers fire in name order), so the
--- status change's event comes before the review's.
+-- A row-level trigger: it runs inside the statement that moved the operation, so the
+-- review's closing commits (or rolls back) with the move. Its event and the move's event
+-- belong to the same statement; their relative order is not relied on.
 CREATE TRIGGER agent_operations_settle_reviews
     AFTER UPDATE OF status ON agent_operations
     FOR EACH ROW WHEN (OLD.status = 'unknown' AND NEW.status <> 'unknown')
