@@ -42,44 +42,47 @@ CREATE INDEX operation_reviews_uncounted_idx ON operation_reviews (id)
 -- `auto:statement` (a statement import). A person's resolution (`review_*` reasons)
 -- closes the review itself, in its own transaction. Done here, not in each caller, so no
 -- path that settles an operation can leave its review open, and so the worker's role
--- needs no right on reviews at all (SECURITY DEFINER, like the transition trigger).
-CREATE FUNCTION oncely_close_review_on_settle() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    how text := CASE
-        WHEN NEW.last_reason = 'late_answer' THEN 'auto:late_answer'
-        WHEN NEW.last_reason IN ('reconcile_found_succeeded', 'reconcile_found_rejected') THEN 'auto:lookup'
-        WHEN NEW.last_reason IN ('statement_succeeded', 'statement_failed') THEN 'auto:statement'
-    END;
+-- needs no right on reviews at all (SECURITY DEFINER, like the transition triggers).
+--
+-- Statement-level over the statement's transition tables, like the events triggers of
+-- 20261208000000, and named to fire after `agent_operations_update_events` (triggers of
+-- one event and timing fire in name order): the move's event comes first, then the
+-- review's `review_closed`.
+CREATE FUNCTION oncely_close_reviews_on_settle() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF how IS NULL THEN
-        RETURN NULL;
-    END IF;
-    WITH closed AS (
-        UPDATE operation_reviews
-           SET resolution = how, resolved_by = NEW.last_actor, resolved_at = now(), recheck_at = NULL,
-               note = CASE how WHEN 'auto:lookup' THEN 'settled by the provider''s lookup'
-                               WHEN 'auto:late_answer' THEN 'settled by the provider''s late answer'
-                               ELSE 'settled by the provider''s statement' END
-         WHERE idempotency_key = NEW.idempotency_key AND resolved_at IS NULL
-        RETURNING id)
+    WITH settled AS (
+        SELECT n.idempotency_key, n.status, n.attempt_count, n.last_actor, n.provider_operation_id,
+               CASE
+                   WHEN n.last_reason = 'late_answer' THEN 'auto:late_answer'
+                   WHEN n.last_reason IN ('reconcile_found_succeeded', 'reconcile_found_rejected') THEN 'auto:lookup'
+                   WHEN n.last_reason IN ('statement_succeeded', 'statement_failed') THEN 'auto:statement'
+               END AS how
+          FROM after_update n JOIN before_update o USING (idempotency_key)
+         WHERE o.status = 'unknown' AND n.status <> 'unknown'),
+    closed AS (
+        UPDATE operation_reviews r
+           SET resolution = s.how, resolved_by = s.last_actor, resolved_at = now(), recheck_at = NULL,
+               note = CASE s.how WHEN 'auto:lookup' THEN 'settled by the provider''s lookup'
+                                 WHEN 'auto:late_answer' THEN 'settled by the provider''s late answer'
+                                 ELSE 'settled by the provider''s statement' END
+          FROM settled s
+         WHERE r.idempotency_key = s.idempotency_key AND r.resolved_at IS NULL AND s.how IS NOT NULL
+        RETURNING r.idempotency_key)
     INSERT INTO operation_events (idempotency_key, from_status, to_status, attempt, actor, reason,
                                   error_code, provider_operation_id)
-    SELECT NEW.idempotency_key, NEW.status, NEW.status, NEW.attempt_count, NEW.last_actor,
-           'review_closed', how, NEW.provider_operation_id
-      FROM closed;
+    SELECT s.idempotency_key, s.status, s.status, s.attempt_count, s.last_actor,
+           'review_closed', s.how, s.provider_operation_id
+      FROM closed c JOIN settled s USING (idempotency_key);
     RETURN NULL;
 END $$;
 
 DO $$
 BEGIN
-    EXECUTE format('ALTER FUNCTION oncely_close_review_on_settle() SECURITY DEFINER SET search_path = %I, pg_temp',
+    EXECUTE format('ALTER FUNCTION oncely_close_reviews_on_settle() SECURITY DEFINER SET search_path = %I, pg_temp',
                    current_schema());
 END $$;
 
--- A row-level trigger: it runs inside the statement that moved the operation, so the
--- review's closing commits (or rolls back) with the move. Its event and the move's event
--- belong to the same statement; their relative order is not relied on.
-CREATE TRIGGER agent_operations_settle_reviews
-    AFTER UPDATE OF status ON agent_operations
-    FOR EACH ROW WHEN (OLD.status = 'unknown' AND NEW.status <> 'unknown')
-    EXECUTE FUNCTION oncely_close_review_on_settle();
+CREATE TRIGGER agent_operations_update_reviews
+    AFTER UPDATE ON agent_operations
+    REFERENCING OLD TABLE AS before_update NEW TABLE AS after_update
+    FOR EACH STATEMENT EXECUTE FUNCTION oncely_close_reviews_on_settle();

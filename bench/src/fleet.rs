@@ -60,6 +60,11 @@ pub struct FleetSpec {
     pub latency_ms: u64,
     /// Enqueue at this rate (intents/s) instead of as fast as possible.
     pub pace: Option<f64>,
+    /// The pace as a percentage of the full-load rate (for the report).
+    pub paced_percent: Option<u32>,
+    /// `prefetch` = `max_in_flight` of every worker, instead of the run's C (the claim
+    /// batch stays C).
+    pub in_flight: Option<u16>,
     /// Enqueue through an `oncely-gateway` process over HTTP (POST /v1/actions/…, one
     /// request per intent on [`HTTP_CONNECTIONS`] keep-alive connections) instead of the
     /// SDK; the gateway's CPU counts with the workers'.
@@ -80,6 +85,8 @@ pub struct FleetResult {
     pub sandbox_latency_ms: u64,
     /// The paced enqueue rate, if paced (intents/s).
     pub offered_per_s: Option<f64>,
+    /// The pace as a percentage of the full-load rate.
+    pub paced_percent: Option<u32>,
     /// Operations.
     pub intents: usize,
     /// Seconds from the first enqueue to the last `succeeded` (database clock).
@@ -172,9 +179,11 @@ pub async fn run(env: &FleetEnv, spec: FleetSpec, seq: usize) -> anyhow::Result<
 }
 
 /// The config every worker of a run reads: the built-in one (the structure of the
-/// tests' fleet) pointed at this run, with the run's concurrency.
+/// tests' fleet) pointed at this run, with the run's concurrency (and `in_flight` calls
+/// per worker, when given).
 fn fleet_config(
     env: &FleetEnv,
+    in_flight: Option<u16>,
     db_url: &str,
     prefix: &str,
     sandbox: &str,
@@ -185,8 +194,8 @@ fn fleet_config(
     config.broker.url = env.amqp_url.clone();
     config.broker.prefix = prefix.to_owned();
     config.broker.queue_type = "quorum".into();
-    config.worker.prefetch = c;
-    config.worker.max_in_flight = c.into();
+    config.worker.prefetch = in_flight.unwrap_or(c);
+    config.worker.max_in_flight = in_flight.unwrap_or(c).into();
     config.worker.batch = c.into();
     config.worker.db_connections = 8;
     config.point_at_sandbox(sandbox);
@@ -227,7 +236,7 @@ async fn measure(
     res.sandbox = Some(sandbox);
 
     std::fs::create_dir_all(dir)?;
-    let config = fleet_config(env, &db_url, prefix, &base)?;
+    let config = fleet_config(env, spec.in_flight, &db_url, prefix, &base)?;
     let config_path = dir.join("oncely.toml");
     std::fs::write(&config_path, config.to_toml()?)?;
 
@@ -341,6 +350,7 @@ async fn measure(
         workers: spec.workers,
         sandbox_latency_ms: spec.latency_ms,
         offered_per_s: spec.pace,
+        paced_percent: spec.paced_percent,
         intents: n,
         seconds,
         actions_per_s: n as f64 / seconds,

@@ -1,6 +1,7 @@
-//! The journal ceiling: the article's flow, three autocommit statements per action, on
-//! oncely's real migrated schema (CHECK constraints and the events trigger included),
-//! from C concurrent tasks, with no broker and no provider.
+//! The journal ceilings: the article's flow, three autocommit statements per action, on
+//! oncely's real migrated schema (CHECK constraints and the events trigger included) and
+//! on the article's own plain table, from C concurrent tasks, with no broker and no
+//! provider.
 //!
 //! Per action: (a) `INSERT … 'planned' … ON CONFLICT DO NOTHING`; (b) the claim
 //! `UPDATE … SET status = 'executing', attempt_count + 1, lease …  WHERE key = $1 AND
@@ -13,7 +14,7 @@ use super::sys::{CpuSampler, CpuUse};
 use oncely_core::Envelope;
 use oncely_core::db::{self, PoolSettings};
 use oncely_core::journal::Journal;
-use oncely_core::journal::article::ArticleAction;
+use oncely_core::journal::article::{ArticleAction, ArticleTable};
 use oncely_core::status::Status;
 use serde::Serialize;
 use serde_json::json;
@@ -35,8 +36,16 @@ pub struct JournalResult {
     pub cpu: CpuUse,
 }
 
-/// Run it on the (fresh, migrated) database at `url`.
-pub async fn run(url: &str, envelopes: &[Envelope], tasks: usize) -> anyhow::Result<JournalResult> {
+/// Which table the flow runs on.
+pub type Table = ArticleTable;
+
+/// Run it on the (fresh, migrated) database at `url`, on `table`.
+pub async fn run(
+    url: &str,
+    envelopes: &[Envelope],
+    tasks: usize,
+    table: Table,
+) -> anyhow::Result<JournalResult> {
     let tasks = tasks.max(1);
     let pool = db::prepare(
         url,
@@ -46,6 +55,9 @@ pub async fn run(url: &str, envelopes: &[Envelope], tasks: usize) -> anyhow::Res
         },
     )
     .await?;
+    if table == Table::Plain {
+        Journal::new(pool.clone()).create_article_table().await?;
+    }
     // Open every connection before the clock starts.
     let mut warm = Vec::with_capacity(tasks);
     for _ in 0..tasks {
@@ -86,7 +98,7 @@ pub async fn run(url: &str, envelopes: &[Envelope], tasks: usize) -> anyhow::Res
             let actor = format!("bench-journal-{t}");
             let mut i = t;
             while i < rows.len() {
-                journal.article_action(&rows[i], &actor).await?;
+                journal.article_action(&rows[i], &actor, table).await?;
                 i += tasks;
             }
             anyhow::Ok(())
@@ -97,9 +109,11 @@ pub async fn run(url: &str, envelopes: &[Envelope], tasks: usize) -> anyhow::Res
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu.finish(&[]);
-    let done = Journal::new(pool.clone())
-        .count_in(Status::Succeeded)
-        .await?;
+    let journal = Journal::new(pool.clone());
+    let done = match table {
+        Table::Oncely => journal.count_in(Status::Succeeded).await?,
+        Table::Plain => journal.article_succeeded().await?,
+    };
     pool.close().await;
     if done as usize != rows.len() {
         anyhow::bail!(

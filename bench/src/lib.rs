@@ -71,7 +71,19 @@ pub struct BenchArgs {
     /// latency rows.
     #[arg(long, value_name = "W", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     pub fleet: u64,
-    /// CI smoke test: 1000 intents, workers 1,2, latency 0 (explicit flags still win).
+    /// The latency curve: runs paced at these percentages of the full-load rate (50 is
+    /// always run: it is the half-load row) [default: 25,50,75; with --quick: 50].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub paced: Option<Vec<u32>>,
+    /// The slow-provider row: the sandbox answers after this many ms while every worker
+    /// holds --slow-in-flight calls; 0 skips it [default: 200; with --quick: 0].
+    #[arg(long, value_name = "MS")]
+    pub slow_provider_ms: Option<u64>,
+    /// Calls in flight per worker (`prefetch` = `max_in_flight`) in the slow-provider row.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..))]
+    pub slow_in_flight: u16,
+    /// CI smoke test: 1000 intents, workers 1,2, latency 0, the 50 % point only, no
+    /// slow-provider row (explicit flags still win).
     #[arg(long)]
     pub quick: bool,
     /// Postgres server URL; the bench creates and drops its own databases on it.
@@ -110,6 +122,10 @@ pub struct Settings {
     pub latency_ms: Vec<u64>,
     /// Headline workers.
     pub fleet: usize,
+    /// The latency curve's points (% of the full-load rate; includes 50).
+    pub paced: Vec<u32>,
+    /// The slow-provider row: latency (ms) and calls in flight per worker.
+    pub slow: Option<(u64, u16)>,
 }
 
 impl BenchArgs {
@@ -124,11 +140,16 @@ impl BenchArgs {
             });
             v
         };
-        let (n, workers, latency) = if self.quick {
-            (1000, vec![1, 2], vec![0])
+        let (n, workers, latency, paced, slow_ms) = if self.quick {
+            (1000, vec![1, 2], vec![0], vec![50], 0)
         } else {
-            (20_000, vec![1, 2, 4], vec![0, 50])
+            (20_000, vec![1, 2, 4], vec![0, 50], vec![25, 50, 75], 200)
         };
+        let mut paced: Vec<u32> = self.paced.clone().unwrap_or(paced);
+        paced.push(50);
+        paced.sort_unstable();
+        paced.dedup();
+        let slow_ms = self.slow_provider_ms.unwrap_or(slow_ms);
         Settings {
             intents: self.intents.map_or(n, |v| v as usize),
             concurrency: self.concurrency,
@@ -139,6 +160,8 @@ impl BenchArgs {
                 .collect(),
             latency_ms: dedup(self.latency_ms.clone().unwrap_or(latency)),
             fleet: self.fleet as usize,
+            paced,
+            slow: (slow_ms > 0).then_some((slow_ms, self.slow_in_flight)),
         }
     }
 }
@@ -274,7 +297,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             new
         })
         .collect();
-    let steps = 5 + extra.len();
+    let steps = 5 + (s.paced.len() - 1) + extra.len() + usize::from(s.slow.is_some());
     let c = s.concurrency;
     let n = s.intents;
     let step = |i: usize, what: &str| eprintln!("[{i}/{steps}] {what}");
@@ -294,22 +317,31 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     step(
         2,
-        &format!("journal ceiling: {n} actions × 3 statements, {c} connections"),
+        &format!(
+            "journal ceilings: {n} actions × 3 statements, {c} connections, on oncely's schema and on the article's plain table"
+        ),
     );
-    let jdb = format!("oncely_bench_{run_id}_journal");
-    sys::registry(|r| r.databases.push(jdb.clone()));
-    let journal = journal::run(
-        &database_url(&args.database_url, &jdb),
-        &envelopes,
-        usize::from(c),
-    )
-    .await;
-    if let Err(e) = drop_database(&args.database_url, &jdb).await {
-        eprintln!("warning: could not drop database {jdb}: {e}");
+    let mut ceilings = Vec::new();
+    for table in [journal::Table::Oncely, journal::Table::Plain] {
+        let jdb = format!("oncely_bench_{run_id}_journal");
+        sys::registry(|r| r.databases.push(jdb.clone()));
+        let result = journal::run(
+            &database_url(&args.database_url, &jdb),
+            &envelopes,
+            usize::from(c),
+            table,
+        )
+        .await;
+        if let Err(e) = drop_database(&args.database_url, &jdb).await {
+            eprintln!("warning: could not drop database {jdb}: {e}");
+        }
+        sys::registry(|r| r.databases.retain(|d| d != &jdb));
+        let result = result?;
+        eprintln!("      {table:?}: {:.0} actions/s", result.actions_per_s);
+        ceilings.push(result);
     }
-    sys::registry(|r| r.databases.retain(|d| d != &jdb));
-    let journal = journal?;
-    eprintln!("      {:.0} actions/s", journal.actions_per_s);
+    let journal_plain = ceilings.pop().expect("two ceilings");
+    let journal = ceilings.pop().expect("two ceilings");
 
     let env = FleetEnv {
         server_url: args.database_url.clone(),
@@ -343,13 +375,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             s.fleet
         ),
     );
-    let full = fleet_run(FleetSpec {
-        workers: s.fleet,
-        latency_ms: 0,
+    let spec = |workers: usize, latency_ms: u64| FleetSpec {
+        workers,
+        latency_ms,
         pace: None,
+        paced_percent: None,
+        in_flight: None,
         gateway: false,
-    })
-    .await?;
+    };
+    let full = fleet_run(spec(s.fleet, 0)).await?;
     show(&full);
 
     step(
@@ -361,44 +395,65 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         ),
     );
     let via_gateway = fleet_run(FleetSpec {
-        workers: s.fleet,
-        latency_ms: 0,
-        pace: None,
         gateway: true,
+        ..spec(s.fleet, 0)
     })
     .await?;
     show(&via_gateway);
 
-    let half_rate = full.actions_per_s / 2.0;
-    step(
-        5,
-        &format!("oncely end to end, half load: {n} intents paced at {half_rate:.0}/s"),
-    );
-    let half = fleet_run(FleetSpec {
-        workers: s.fleet,
-        latency_ms: 0,
-        pace: Some(half_rate),
-        gateway: false,
-    })
-    .await?;
-    show(&half);
-
-    let mut measured: Vec<FleetResult> = vec![full.clone()];
-    for (i, (w, l)) in extra.iter().enumerate() {
+    let mut paced = Vec::with_capacity(s.paced.len());
+    for (i, percent) in s.paced.iter().enumerate() {
+        let rate = full.actions_per_s * f64::from(*percent) / 100.0;
         step(
-            6 + i,
-            &format!("scaling: {w} workers, sandbox latency {l} ms"),
+            5 + i,
+            &format!("oncely end to end, {percent} % load: {n} intents paced at {rate:.0}/s"),
         );
         let r = fleet_run(FleetSpec {
-            workers: *w,
-            latency_ms: *l,
-            pace: None,
-            gateway: false,
+            pace: Some(rate),
+            paced_percent: Some(*percent),
+            ..spec(s.fleet, 0)
         })
         .await?;
         show(&r);
+        paced.push(r);
+    }
+    let mut next = 5 + s.paced.len();
+
+    let mut measured: Vec<FleetResult> = vec![full.clone()];
+    for (w, l) in &extra {
+        step(
+            next,
+            &format!("scaling: {w} workers, sandbox latency {l} ms"),
+        );
+        next += 1;
+        let r = fleet_run(spec(*w, *l)).await?;
+        show(&r);
         measured.push(r);
     }
+    let slow = match s.slow {
+        Some((latency, in_flight)) => {
+            step(
+                next,
+                &format!(
+                    "slow provider: sandbox latency {latency} ms, {} workers × {in_flight} calls in flight",
+                    s.fleet
+                ),
+            );
+            let r = fleet_run(FleetSpec {
+                in_flight: Some(in_flight),
+                ..spec(s.fleet, latency)
+            })
+            .await?;
+            show(&r);
+            Some(report::SlowProvider::new(
+                r,
+                in_flight,
+                latency,
+                full.actions_per_s,
+            ))
+        }
+        None => None,
+    };
     let pick = |w: usize, l: u64| {
         measured
             .iter()
@@ -425,13 +480,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             enqueue_chunk: fleet::ENQUEUE_CHUNK,
             fleet: s.fleet,
         },
-        broker,
-        journal,
-        full,
-        via_gateway,
-        half,
-        scaling_workers,
-        scaling_latency,
+        report::Measured {
+            broker,
+            journal,
+            journal_plain,
+            full_load: full,
+            via_gateway,
+            paced,
+            scaling_workers,
+            scaling_latency,
+            slow,
+        },
     );
     println!("{}", report.table());
     if args.json {
@@ -475,6 +534,9 @@ mod tests {
             (s.intents, s.workers, s.latency_ms, s.concurrency),
             (20_000, vec![1, 2, 4], vec![0, 50], 64)
         );
+        assert_eq!((s.paced, s.slow), (vec![25, 50, 75], Some((200, 1000))));
+        let s = BenchArgs::parse_from(["oncely-bench", "--quick", "--paced", "80,10"]).settings();
+        assert_eq!((s.paced, s.slow), (vec![10, 50, 80], None));
         assert!(BenchArgs::try_parse_from(["oncely-bench", "--workers", "0"]).is_err());
     }
 }

@@ -11,14 +11,17 @@ use oncely_core::topology;
 use serde::Serialize;
 use std::fmt::Write as _;
 
-/// Design targets (ratios to the two ceilings, and two absolute limits; see
-/// `docs/performance.md`).
-pub const TARGET_VS_BROKER: f64 = 0.6;
-/// oncely ≥ this × the article's journal flow.
-pub const TARGET_VS_JOURNAL: f64 = 1.5;
-/// p99 at half load (ms).
+/// The design targets (issue 13, `docs/performance.md`): end-to-end actions/s at full load.
+pub const TARGET_ACTIONS_PER_S: f64 = 5000.0;
+/// CPU time per action summed over every process of the system under test (ms).
+pub const TARGET_CPU_MS_PER_ACTION: f64 = 0.4;
+/// p99 recorded → succeeded at half load (ms).
 pub const TARGET_P99_HALF_MS: f64 = 50.0;
-/// Worker peak RSS (MiB).
+/// Throughput with more workers ÷ with fewer (1 → 2 → 4): at least this (5 % of noise).
+pub const TARGET_SCALING: f64 = 0.95;
+/// Slow provider: throughput ÷ min(in-flight bound, CPU bound).
+pub const TARGET_SLOW_VS_BOUND: f64 = 0.9;
+/// Worker peak RSS with the slow provider's calls in flight (MiB).
 pub const TARGET_RSS_MIB: f64 = 64.0;
 
 /// The servers measured against.
@@ -89,6 +92,53 @@ pub struct Target {
     pub reached: bool,
 }
 
+/// The slow-provider run: every worker holding many calls in flight against a provider
+/// that answers after a fixed latency, next to what queueing predicts.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlowProvider {
+    /// The run.
+    pub result: FleetResult,
+    /// Calls in flight per worker (`prefetch` = `max_in_flight`).
+    pub in_flight: u16,
+    /// The provider's latency (ms).
+    pub latency_ms: u64,
+    /// workers × in-flight ÷ latency: the most the in-flight limit allows (actions/s).
+    pub inflight_bound: f64,
+    /// The same fleet's full-load throughput with an instant provider: the CPU bound.
+    pub cpu_bound: f64,
+    /// Measured ÷ min(the two bounds).
+    pub vs_bound: f64,
+    /// Queueing's prediction for the median latency (ms), from the measured throughput X
+    /// and recording rate R: every intent is enqueued at once, so operation i waits
+    /// i·(1/X − 1/R) behind the backlog, plus the provider's latency.
+    pub expected_p50_ms: f64,
+    /// The same prediction for the 99th percentile (ms).
+    pub expected_p99_ms: f64,
+}
+
+impl SlowProvider {
+    /// The figures around a measured slow-provider run.
+    pub fn new(result: FleetResult, in_flight: u16, latency_ms: u64, cpu_bound: f64) -> Self {
+        let latency_s = latency_ms as f64 / 1000.0;
+        let inflight_bound = result.workers as f64 * f64::from(in_flight) / latency_s.max(1e-9);
+        let bound = inflight_bound.min(cpu_bound);
+        let x = result.actions_per_s;
+        let r = result.intents as f64 / result.enqueue_seconds.max(1e-9);
+        let backlog_per_op = (1.0 / x - 1.0 / r).max(0.0);
+        let at = |q: f64| (q * result.intents as f64 * backlog_per_op + latency_s) * 1000.0;
+        SlowProvider {
+            vs_bound: x / bound,
+            expected_p50_ms: at(0.5),
+            expected_p99_ms: at(0.99),
+            result,
+            in_flight,
+            latency_ms,
+            inflight_bound,
+            cpu_bound,
+        }
+    }
+}
+
 /// Everything measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -104,89 +154,167 @@ pub struct Report {
     pub workload: Workload,
     /// Broker ceiling.
     pub broker: BrokerResult,
-    /// Journal ceiling (the article's flow).
+    /// Journal ceiling: the article's flow on oncely's schema.
     pub journal: JournalResult,
+    /// Journal ceiling: the article's flow on the article's plain table.
+    pub journal_plain: JournalResult,
     /// oncely, full load.
     pub full_load: FleetResult,
     /// oncely, full load, enqueued over HTTP through the gateway.
     pub via_gateway: FleetResult,
     /// via_gateway / full_load throughput.
     pub ratio_gateway: f64,
-    /// oncely, half load.
+    /// oncely, half load (the 50 % point of [`Report::paced`]).
     pub half_load: FleetResult,
+    /// The latency curve: runs paced at fractions of the full-load rate.
+    pub paced: Vec<FleetResult>,
     /// Scaling by workers (sandbox latency 0).
     pub scaling_workers: Vec<FleetResult>,
     /// Scaling by sandbox latency (headline workers).
     pub scaling_latency: Vec<FleetResult>,
+    /// The slow provider with many calls in flight, if run.
+    pub slow: Option<SlowProvider>,
     /// oncely / broker ceiling.
     pub ratio_broker: f64,
-    /// oncely / journal ceiling.
+    /// oncely / journal ceiling (oncely's schema).
     pub ratio_journal: f64,
     /// The design targets.
     pub targets: Vec<Target>,
 }
 
+/// The measurements a [`Report`] is made of.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// Broker ceiling.
+    pub broker: BrokerResult,
+    /// Journal ceiling on oncely's schema.
+    pub journal: JournalResult,
+    /// Journal ceiling on the article's plain table.
+    pub journal_plain: JournalResult,
+    /// Full load.
+    pub full_load: FleetResult,
+    /// Through the gateway.
+    pub via_gateway: FleetResult,
+    /// The paced runs (one of them at 50 %).
+    pub paced: Vec<FleetResult>,
+    /// Scaling by workers.
+    pub scaling_workers: Vec<FleetResult>,
+    /// Scaling by latency.
+    pub scaling_latency: Vec<FleetResult>,
+    /// The slow provider.
+    pub slow: Option<SlowProvider>,
+}
+
+/// CPU time per action over oncely's processes (ms).
+pub fn cpu_ms_per_action(r: &FleetResult) -> f64 {
+    r.cpu.oncely() / r.actions_per_s * 1000.0
+}
+
+/// The smallest ratio of throughput with more workers to throughput with fewer.
+pub fn scaling_ratio(rows: &[FleetResult]) -> Option<f64> {
+    let mut by_workers: Vec<&FleetResult> = rows.iter().collect();
+    by_workers.sort_by_key(|r| r.workers);
+    by_workers
+        .windows(2)
+        .map(|w| w[1].actions_per_s / w[0].actions_per_s)
+        .reduce(f64::min)
+}
+
+fn target(name: &str, text: String, value: f64, reached: bool) -> Target {
+    Target {
+        name: name.into(),
+        target: text,
+        value,
+        reached,
+    }
+}
+
 impl Report {
     /// Assemble, computing ratios and targets.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         started: chrono::DateTime<chrono::Utc>,
         command: String,
         machine: Machine,
         services: Services,
         workload: Workload,
-        broker: BrokerResult,
-        journal: JournalResult,
-        full_load: FleetResult,
-        via_gateway: FleetResult,
-        half_load: FleetResult,
-        scaling_workers: Vec<FleetResult>,
-        scaling_latency: Vec<FleetResult>,
+        m: Measured,
     ) -> Report {
-        let ratio_gateway = via_gateway.actions_per_s / full_load.actions_per_s;
-        let ratio_broker = full_load.actions_per_s / broker.msg_per_s;
-        let ratio_journal = full_load.actions_per_s / journal.actions_per_s;
-        let rss = full_load.max_rss_mib();
-        let targets = vec![
-            Target {
-                name: "oncely / broker ceiling".into(),
-                target: format!("≥ {TARGET_VS_BROKER:.2}"),
-                value: ratio_broker,
-                reached: ratio_broker >= TARGET_VS_BROKER,
-            },
-            Target {
-                name: "oncely / journal flow".into(),
-                target: format!("≥ {TARGET_VS_JOURNAL:.2}"),
-                value: ratio_journal,
-                reached: ratio_journal >= TARGET_VS_JOURNAL,
-            },
-            Target {
-                name: "p99 at half load (ms)".into(),
-                target: format!("≤ {TARGET_P99_HALF_MS:.0} ms"),
-                value: half_load.p99_ms,
-                reached: half_load.p99_ms <= TARGET_P99_HALF_MS,
-            },
-            Target {
-                name: "worker peak RSS (MiB)".into(),
-                target: format!("≤ {TARGET_RSS_MIB:.0} MiB"),
-                value: rss,
-                reached: rss <= TARGET_RSS_MIB,
-            },
+        let full_load = m.full_load;
+        let half_load = m
+            .paced
+            .iter()
+            .find(|r| r.paced_percent == Some(50))
+            .or(m.paced.first())
+            .cloned()
+            .unwrap_or_else(|| full_load.clone());
+        let ratio_gateway = m.via_gateway.actions_per_s / full_load.actions_per_s;
+        let ratio_broker = full_load.actions_per_s / m.broker.msg_per_s;
+        let ratio_journal = full_load.actions_per_s / m.journal.actions_per_s;
+        let cpu = cpu_ms_per_action(&full_load);
+        let mut targets = vec![
+            target(
+                "oncely end to end, full load (actions/s)",
+                format!("≥ {TARGET_ACTIONS_PER_S:.0}"),
+                full_load.actions_per_s,
+                full_load.actions_per_s >= TARGET_ACTIONS_PER_S,
+            ),
+            target(
+                "CPU per action, every process (ms)",
+                format!("≤ {TARGET_CPU_MS_PER_ACTION:.1}"),
+                cpu,
+                cpu <= TARGET_CPU_MS_PER_ACTION,
+            ),
+            target(
+                "p99 at half load (ms)",
+                format!("≤ {TARGET_P99_HALF_MS:.0}"),
+                half_load.p99_ms,
+                half_load.p99_ms <= TARGET_P99_HALF_MS,
+            ),
         ];
+        if let Some(r) = scaling_ratio(&m.scaling_workers) {
+            targets.push(target(
+                "more workers ÷ fewer, smallest step (throughput)",
+                format!("≥ {TARGET_SCALING:.2}"),
+                r,
+                r >= TARGET_SCALING,
+            ));
+        }
+        let rss_row = m.slow.as_ref().map_or(&full_load, |s| &s.result);
+        if let Some(slow) = &m.slow {
+            targets.push(target(
+                "slow provider: throughput ÷ min(in-flight bound, CPU bound)",
+                format!("≥ {TARGET_SLOW_VS_BOUND:.1}"),
+                slow.vs_bound,
+                slow.vs_bound >= TARGET_SLOW_VS_BOUND,
+            ));
+        }
+        let rss = rss_row.max_rss_mib();
+        targets.push(target(
+            &match &m.slow {
+                Some(s) => format!("worker peak RSS, {} calls in flight (MiB)", s.in_flight),
+                None => "worker peak RSS (MiB)".to_owned(),
+            },
+            format!("≤ {TARGET_RSS_MIB:.0}"),
+            rss,
+            rss <= TARGET_RSS_MIB,
+        ));
         Report {
             date: started.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
             command,
             machine,
             services,
             workload,
-            broker,
-            journal,
+            broker: m.broker,
+            journal: m.journal,
+            journal_plain: m.journal_plain,
             full_load,
-            via_gateway,
+            via_gateway: m.via_gateway,
             ratio_gateway,
             half_load,
-            scaling_workers,
-            scaling_latency,
+            paced: m.paced,
+            scaling_workers: m.scaling_workers,
+            scaling_latency: m.scaling_latency,
+            slow: m.slow,
             ratio_broker,
             ratio_journal,
             targets,
@@ -223,65 +351,54 @@ impl Report {
         );
         let _ = writeln!(o);
 
-        let mut t = Table::new(&["measurement", "figure", "design target", ""]);
-        t.row(&[
+        let mut t = Table::new(&["measurement", "figure"]);
+        let mut row = |name: String, figure: String| t.row(&[name, figure]);
+        row(
             format!(
                 "broker ceiling: quorum queue, confirms (window {}) + acks, prefetch {}",
                 w.confirm_window, w.concurrency
             ),
             format!("{} msg/s", thousands(self.broker.msg_per_s)),
-            String::new(),
-            String::new(),
-        ]);
-        t.row(&[
+        );
+        row(
             format!(
                 "journal ceiling: the article's 3 statements/action, {} connections, oncely's schema",
                 self.journal.tasks
             ),
             format!("{} actions/s", thousands(self.journal.actions_per_s)),
-            String::new(),
-            String::new(),
-        ]);
-        t.row(&[
+        );
+        row(
+            format!(
+                "journal ceiling: the same on the article's plain table, {} connections",
+                self.journal_plain.tasks
+            ),
+            format!("{} actions/s", thousands(self.journal_plain.actions_per_s)),
+        );
+        row(
             format!(
                 "oncely end to end: {} workers, full load (prefetch = in-flight = batch = {})",
                 self.full_load.workers, w.concurrency
             ),
             format!("{} actions/s", thousands(self.full_load.actions_per_s)),
-            String::new(),
-            String::new(),
-        ]);
-        let verdict = |i: usize| {
-            if self.targets[i].reached {
-                "reached".to_owned()
-            } else {
-                "not reached".to_owned()
-            }
-        };
-        t.row(&[
-            "  oncely / broker ceiling".into(),
-            format!("{:.2}", self.ratio_broker),
-            self.targets[0].target.clone(),
-            verdict(0),
-        ]);
-        t.row(&[
-            "  oncely / journal ceiling".into(),
-            format!("{:.2}", self.ratio_journal),
-            self.targets[1].target.clone(),
-            verdict(1),
-        ]);
-        t.row(&[
-            "latency p50 / p95 / p99, full load".into(),
+        );
+        row(
+            "  CPU per action, every process (ms)".into(),
+            format!("{:.3}", cpu_ms_per_action(&self.full_load)),
+        );
+        row(
+            "  oncely / broker ceiling, oncely / journal ceiling".into(),
+            format!("{:.2}, {:.2}", self.ratio_broker, self.ratio_journal),
+        );
+        row(
+            "  latency p50 / p95 / p99, full load".into(),
             format!(
                 "{} / {} / {} ms",
                 ms(self.full_load.p50_ms),
                 ms(self.full_load.p95_ms),
                 ms(self.full_load.p99_ms)
             ),
-            String::new(),
-            String::new(),
-        ]);
-        t.row(&[
+        );
+        row(
             format!(
                 "oncely through the gateway: HTTP request per action, {} connections, full load",
                 crate::fleet::HTTP_CONNECTIONS
@@ -292,16 +409,12 @@ impl Report {
                 ms(self.via_gateway.p50_ms),
                 ms(self.via_gateway.p99_ms)
             ),
-            String::new(),
-            String::new(),
-        ]);
-        t.row(&[
+        );
+        row(
             "  gateway / SDK throughput".into(),
             format!("{:.2}", self.ratio_gateway),
-            String::new(),
-            String::new(),
-        ]);
-        t.row(&[
+        );
+        row(
             format!(
                 "latency p50 / p95 / p99, half load (paced at {}/s, got {}/s)",
                 thousands(self.half_load.offered_per_s.unwrap_or(f64::NAN)),
@@ -313,10 +426,8 @@ impl Report {
                 ms(self.half_load.p95_ms),
                 ms(self.half_load.p99_ms)
             ),
-            format!("p99 {}", self.targets[2].target),
-            verdict(2),
-        ]);
-        t.row(&[
+        );
+        row(
             "  half load: recorded → claimed, claimed → succeeded (p50 / p99)".into(),
             format!(
                 "{} / {} ms, {} / {} ms",
@@ -325,29 +436,107 @@ impl Report {
                 ms(self.half_load.claim_to_done_ms[0]),
                 ms(self.half_load.claim_to_done_ms[1])
             ),
-            String::new(),
-            String::new(),
-        ]);
-        t.row(&[
+        );
+        if let Some(sl) = &self.slow {
+            let r = &sl.result;
+            row(
+                format!(
+                    "slow provider: {} ms, {} workers × {} in flight",
+                    sl.latency_ms, r.workers, sl.in_flight
+                ),
+                format!("{} actions/s", thousands(r.actions_per_s)),
+            );
+            row(
+                "  in-flight bound, CPU bound (full load), measured ÷ the smaller".into(),
+                format!(
+                    "{} / {} actions/s, {:.2}",
+                    thousands(sl.inflight_bound),
+                    thousands(sl.cpu_bound),
+                    sl.vs_bound
+                ),
+            );
+            row(
+                "  latency p50 / p99: queueing's prediction, measured".into(),
+                format!(
+                    "{} / {} ms, {} / {} ms",
+                    ms(sl.expected_p50_ms),
+                    ms(sl.expected_p99_ms),
+                    ms(r.p50_ms),
+                    ms(r.p99_ms)
+                ),
+            );
+            row(
+                "  worker peak RSS (largest)".into(),
+                format!("{:.1} MiB", r.max_rss_mib()),
+            );
+        }
+        row(
             format!(
-                "worker peak RSS (VmHWM, largest of {})",
+                "worker peak RSS, full load (VmHWM, largest of {})",
                 self.full_load.peak_rss_mib.len()
             ),
             format!("{:.1} MiB", self.full_load.max_rss_mib()),
-            self.targets[3].target.clone(),
-            verdict(3),
-        ]);
+        );
         o.push_str(&t.render());
         let _ = writeln!(
             o,
-            "The journal ceiling is the article's journal flow (insert planned, claim, complete: \
-             3 autocommit statements per action) run on oncely's real schema with its checks and events trigger."
+            "The journal ceilings are the article's journal flow (insert planned, claim, complete: \
+             3 autocommit statements per action), on oncely's real schema (checks, events) and on the article's plain table."
         );
         let _ = writeln!(
             o,
-            "Latency = updated_at − created_at of each operation (recorded → succeeded, database clock)."
+            "Latency = updated_at − created_at of each operation (recorded → succeeded, database clock). \
+             CPU per action = cores busy in Postgres, RabbitMQ, workers and bench ÷ actions/s."
         );
         let _ = writeln!(o);
+
+        let mut t = Table::new(&["design target", "measured", "target", ""]);
+        for tg in &self.targets {
+            t.row(&[
+                tg.name.clone(),
+                if tg.value >= 100.0 {
+                    thousands(tg.value)
+                } else {
+                    format!("{:.3}", tg.value)
+                },
+                tg.target.clone(),
+                if tg.reached { "reached" } else { "not reached" }.to_owned(),
+            ]);
+        }
+        o.push_str(&t.render());
+        let _ = writeln!(o);
+
+        if !self.paced.is_empty() {
+            let _ = writeln!(
+                o,
+                "latency curve ({} workers, paced at a share of the full-load rate; ms)",
+                self.half_load.workers
+            );
+            let mut t = Table::new(&[
+                "load",
+                "offered/s",
+                "got/s",
+                "p50 / p99",
+                "to claim p50 / p99",
+                "claim → done p50 / p99",
+            ]);
+            for r in &self.paced {
+                t.row(&[
+                    r.paced_percent.map_or("-".into(), |p| format!("{p} %")),
+                    thousands(r.offered_per_s.unwrap_or(f64::NAN)),
+                    thousands(r.actions_per_s),
+                    format!("{} / {}", ms(r.p50_ms), ms(r.p99_ms)),
+                    format!("{} / {}", ms(r.to_claim_ms[0]), ms(r.to_claim_ms[1])),
+                    format!(
+                        "{} / {}",
+                        ms(r.claim_to_done_ms[0]),
+                        ms(r.claim_to_done_ms[1])
+                    ),
+                ]);
+            }
+            o.push_str(&t.render());
+            let _ = writeln!(o);
+        }
 
         let _ = writeln!(
             o,
@@ -406,8 +595,22 @@ impl Report {
             "other",
             "iowait",
             "idle",
+            "ms CPU/action: pg",
+            "mq",
+            "workers",
+            "bench",
+            "total",
         ]);
-        let mut cpu_row = |name: String, c: &CpuUse| {
+        // Per action (or message): cores ÷ rate; `total` is what oncely's parts spent,
+        // without "other" (the machine's other users) and without idle or iowait.
+        let mut cpu_row = |name: String, c: &CpuUse, per_s: f64| {
+            let per = |cores: f64| {
+                if per_s > 0.0 {
+                    format!("{:.3}", cores / per_s * 1000.0)
+                } else {
+                    "-".to_owned()
+                }
+            };
             t.row(&[
                 name,
                 format!("{:.2}", c.postgres),
@@ -417,13 +620,43 @@ impl Report {
                 format!("{:.2}", c.other),
                 format!("{:.2}", c.iowait),
                 format!("{:.2}", c.idle),
+                per(c.postgres),
+                per(c.rabbitmq),
+                per(c.workers),
+                per(c.bench),
+                per(c.oncely()),
             ]);
         };
-        cpu_row("broker ceiling".into(), &self.broker.cpu);
-        cpu_row("journal ceiling".into(), &self.journal.cpu);
         cpu_row(
-            format!("oncely, {} workers, half load", self.half_load.workers),
-            &self.half_load.cpu,
+            "broker ceiling (per message)".into(),
+            &self.broker.cpu,
+            self.broker.msg_per_s,
+        );
+        cpu_row(
+            "journal ceiling".into(),
+            &self.journal.cpu,
+            self.journal.actions_per_s,
+        );
+        cpu_row(
+            "journal ceiling, plain table".into(),
+            &self.journal_plain.cpu,
+            self.journal_plain.actions_per_s,
+        );
+        for r in &self.paced {
+            cpu_row(
+                format!(
+                    "oncely, {} workers, {} % load",
+                    r.workers,
+                    r.paced_percent.unwrap_or(0)
+                ),
+                &r.cpu,
+                r.actions_per_s,
+            );
+        }
+        cpu_row(
+            format!("oncely via gateway, {} workers", self.via_gateway.workers),
+            &self.via_gateway.cpu,
+            self.via_gateway.actions_per_s,
         );
         for r in &rows {
             cpu_row(
@@ -432,6 +665,17 @@ impl Report {
                     r.workers, r.sandbox_latency_ms
                 ),
                 &r.cpu,
+                r.actions_per_s,
+            );
+        }
+        if let Some(sl) = &self.slow {
+            cpu_row(
+                format!(
+                    "oncely, slow provider {} ms, {} in flight",
+                    sl.latency_ms, sl.in_flight
+                ),
+                &sl.result.cpu,
+                sl.result.actions_per_s,
             );
         }
         o.push_str(&t.render());

@@ -135,6 +135,14 @@ pub struct CpuUse {
     pub idle: f64,
 }
 
+impl CpuUse {
+    /// Cores busy in the system under test: Postgres, RabbitMQ, the workers and the bench
+    /// process (producer SDK, sandbox, gateway client); not other users, idle or iowait.
+    pub fn oncely(&self) -> f64 {
+        self.postgres + self.rabbitmq + self.workers + self.bench
+    }
+}
+
 /// A CPU snapshot taken at the start of a measurement.
 #[derive(Debug)]
 pub struct CpuSampler {

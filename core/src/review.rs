@@ -198,7 +198,7 @@ impl fmt::Display for ReviewReason {
 
 /// How a review was closed without a person: the `auto:<how>` resolution the database
 /// writes when something else settles the operation (migration
-/// `20261209000000_review_evidence.sql`, trigger `agent_operations_settle_reviews`).
+/// `20261209000000_review_evidence.sql`, trigger `agent_operations_update_reviews`).
 pub const AUTO_RESOLUTIONS: &[&str] = &["auto:lookup", "auto:late_answer", "auto:statement"];
 
 /// What a review knows: the evidence a person (or the next re-check) decides with.

@@ -383,7 +383,9 @@ impl Fleet {
     /// --roles` on the fleet's database, then a login per group role.
     pub async fn least_privilege(&mut self, broker: Option<&crate::private_broker::PrivateBroker>) {
         let roles = crate::roles::DbRoles::create(&self.db).await;
-        let logins = crate::roles::Logins::create(&roles, broker, &self.prefix).await;
+        let logins =
+            crate::roles::Logins::create(&roles, broker, &self.prefix, &self.config.broker.url)
+                .await;
         self.least_privilege = Some((roles, logins));
     }
 

@@ -86,6 +86,12 @@ impl TestDb {
         TestDb { name, url, pool }
     }
 
+    /// The maintenance database (`postgres`) of this database's server, with the same
+    /// user and TLS settings: where roles are created and databases dropped.
+    pub fn server_url(&self) -> String {
+        oncely_core::db::database_url(&self.url, "postgres")
+    }
+
     /// A journal over this database.
     pub fn journal(&self) -> Journal {
         Journal::new(self.pool.clone())
@@ -95,8 +101,7 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
-        // The maintenance database of this database's server, with its TLS settings.
-        let server = oncely_core::db::database_url(&self.url, "postgres");
+        let server = self.server_url();
         // Drop runs outside any runtime guarantee: use a private one on its own thread.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()

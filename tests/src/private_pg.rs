@@ -130,7 +130,7 @@ impl PrivatePg {
         };
         let conf = format!(
             "\n# oncely test cluster\nlisten_addresses = '127.0.0.1'\nport = {port}\n\
-             unix_socket_directories = '{dir}'\nmax_connections = 60\nshared_buffers = 16MB\n\
+             unix_socket_directories = '{dir}'\nmax_connections = 200\nshared_buffers = 16MB\n\
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n{ssl}",
             dir = dir.display()
         );

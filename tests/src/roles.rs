@@ -7,7 +7,7 @@
 //! if that database is still there (a dropped database takes its grants with it).
 
 use crate::private_broker::PrivateBroker;
-use crate::{TestDb, server_url, unique_name};
+use crate::{TestDb, unique_name};
 use oncely_core::roles::{Role, rabbitmq};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,11 +18,14 @@ pub struct DbRoles {
     /// The group roles' prefix.
     pub prefix: String,
     db_url: String,
+    /// The maintenance database of the test database's server (roles live there).
+    server_url: String,
     logins: Mutex<Vec<String>>,
 }
 
-/// `url` with its user replaced by `user` (no password: the machine's Postgres trusts
-/// local connections).
+/// `url` (`scheme://[userinfo@]host…`) with its user information replaced by `user`
+/// (`name`, or `name:password`); the rest (host, path, query) is kept. Postgres logins
+/// need no password: the tests' servers trust local connections.
 pub fn url_as(url: &str, user: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
     let host = rest.split_once('@').map_or(rest, |(_, h)| h);
@@ -37,6 +40,7 @@ impl DbRoles {
         let roles = DbRoles {
             prefix: prefix.clone(),
             db_url: db.url.clone(),
+            server_url: db.server_url(),
             logins: Mutex::new(Vec::new()),
         };
         let out = tokio::process::Command::new(crate::fleet::binary("oncely-worker"))
@@ -71,7 +75,7 @@ impl DbRoles {
                 .collect();
             sql.push_str(&format!(" IN ROLE {}", names.join(", ")));
         }
-        let server = sqlx::PgPool::connect(&server_url())
+        let server = sqlx::PgPool::connect(&self.server_url)
             .await
             .unwrap_or_else(|e| panic!("server: {e}"));
         sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -112,8 +116,14 @@ pub struct Logins {
 
 impl Logins {
     /// A login in each runtime group role, and, on a private broker, a user per role
-    /// that uses RabbitMQ (named `oncely_<role>`), limited to the fleet's prefix.
-    pub async fn create(roles: &DbRoles, broker: Option<&PrivateBroker>, prefix: &str) -> Logins {
+    /// that uses RabbitMQ (named `oncely_<role>`), limited to the fleet's prefix; its URL
+    /// is the fleet's `amqp_url` (`amqp://` or `amqps://`) with that user.
+    pub async fn create(
+        roles: &DbRoles,
+        broker: Option<&PrivateBroker>,
+        prefix: &str,
+        amqp_url: &str,
+    ) -> Logins {
         let mut db = HashMap::new();
         for role in [Role::Worker, Role::Reconciler, Role::Producer, Role::Admin] {
             db.insert(role, roles.login(role.suffix(), &[role]).await.1);
@@ -127,7 +137,7 @@ impl Logins {
             broker
                 .add_user(&user, "pw", &p.configure, &p.write, &p.read)
                 .await;
-            amqp.insert(role, broker.url_as(&user, "pw"));
+            amqp.insert(role, url_as(amqp_url, &format!("{user}:pw")));
         }
         Logins { db, amqp }
     }
@@ -159,6 +169,7 @@ impl Drop for DbRoles {
         let logins = std::mem::take(&mut *self.logins.lock().unwrap_or_else(|p| p.into_inner()));
         let groups: Vec<String> = Role::ALL.iter().map(|r| self.group(*r)).collect();
         let db_url = self.db_url.clone();
+        let server_url = self.server_url.clone();
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -190,7 +201,7 @@ impl Drop for DbRoles {
                     .await;
                     db.close().await;
                 }
-                let server = sqlx::PgPool::connect(&server_url()).await.ok()?;
+                let server = sqlx::PgPool::connect(&server_url).await.ok()?;
                 for name in &all {
                     let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
                         "DROP ROLE IF EXISTS \"{name}\""

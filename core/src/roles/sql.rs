@@ -371,7 +371,7 @@ mod tests {
                 "public.operation_events_id_seq".to_owned(),
             )]
             .into(),
-            functions: vec!["\"public\".\"oncely_record_transition\"()".into()],
+            functions: vec!["\"public\".\"oncely_record_updates\"()".into()],
         }
     }
 
@@ -416,7 +416,7 @@ mod tests {
         ));
         assert!(
             s.contains(
-                &"ALTER FUNCTION \"public\".\"oncely_record_transition\"() OWNER TO \"x_migrate\""
+                &"ALTER FUNCTION \"public\".\"oncely_record_updates\"() OWNER TO \"x_migrate\""
                     .to_owned()
             )
         );

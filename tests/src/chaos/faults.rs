@@ -100,7 +100,7 @@ impl<'a> Faults<'a> {
     /// `pg_terminate_backend` on every connection to the fleet's database (only that one).
     pub async fn terminate_backends(&mut self) {
         self.tally.pg_rounds += 1;
-        match terminate_backends(&self.fleet.db.name).await {
+        match terminate_backends(&self.fleet.db.server_url(), &self.fleet.db.name).await {
             Ok(n) => {
                 self.tally.pg_terminated += n;
                 self.timeline
@@ -211,9 +211,9 @@ fn fault_config(rng: &mut Rng, rules: &[Value], lookup_off: &[&str]) -> Value {
            "tls_drop_rate": tls_drop, "tls_stall_rate": tls_stall})
 }
 
-/// `pg_terminate_backend` on every connection to database `db_name`: how many.
-async fn terminate_backends(db_name: &str) -> anyhow::Result<u64> {
-    let mut conn = sqlx::PgConnection::connect(&crate::server_url()).await?;
+/// `pg_terminate_backend` on every connection to database `db_name` of `server`: how many.
+async fn terminate_backends(server: &str, db_name: &str) -> anyhow::Result<u64> {
+    let mut conn = sqlx::PgConnection::connect(server).await?;
     let n: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) AS t FROM pg_stat_activity \
          WHERE datname = $1 AND pid <> pg_backend_pid()) s WHERE t",

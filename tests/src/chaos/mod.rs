@@ -97,8 +97,10 @@ USAGE: oncely-chaos [--seed N] [--intents N] [--min-kills N] [--duration-secs N]
   --nightly           nightly size (the defaults above marked nightly)
   --no-broker-faults  no `rabbitmqctl close_all_connections` (for runs alongside other tests)
   --private-broker    run on a private RabbitMQ node and close its connections only
-  --secure            production security (implies --private-broker): every process on its
-                      own least-privilege Postgres login and RabbitMQ user (docs/security.md)
+  --secure            production security (implies --private-broker): a private TLS-only
+                      Postgres (sslmode=verify-full) and a private RabbitMQ node on amqps://
+                      with client certificates; every process on its own least-privilege
+                      Postgres login and RabbitMQ user; payloads sealed (docs/security.md)
   --no-build          do not build the workers first (`cargo build -p oncely-worker`, and
                       the fail-point worker into target/failpoints)
   --keep-logs         keep the logs, schedule and report even when the run passes
@@ -309,14 +311,26 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         "chaos: seed {seed}, {} intents, fault phase ≥ {:?} and ≥ {} random kills, broker faults {:?}",
         opts.intents, opts.duration, opts.min_kills, opts.broker
     );
-    let private = if opts.broker == BrokerFaults::Private {
+    // --secure: TLS to both (a private TLS-only Postgres cluster with `verify-full`, a
+    // private RabbitMQ node on `amqps://` that requires a client certificate), then a
+    // least-privilege login and broker user per kind of process.
+    let secure = if opts.secure {
+        eprintln!("chaos: starting a private TLS-only Postgres cluster");
+        Some(Secure::start().await)
+    } else {
+        None
+    };
+    let private = if let Some(secure) = &secure {
+        eprintln!("chaos: starting a private RabbitMQ node with a TLS listener");
+        Some(secure.broker().await)
+    } else if opts.broker == BrokerFaults::Private {
         eprintln!("chaos: starting a private RabbitMQ node");
         Some(PrivateBroker::start().await)
     } else {
         None
     };
     let node = private.as_ref().map(|b| b.node().to_owned());
-    let mut fleet = Fleet::with(FleetOptions {
+    let mut fleet_options = FleetOptions {
         timeout: PROVIDER_TIMEOUT.into(),
         lease: LEASE.into(),
         max_reconcile_checks: Some(MAX_RECONCILE_CHECKS as i32),
@@ -325,10 +339,16 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         tls: TLS_PROVIDERS,
         seal_payloads: true,
         ..FleetOptions::default()
-    })
-    .await;
+    };
+    if let (Some(secure), Some(broker)) = (&secure, &private) {
+        secure.connect(&mut fleet_options, broker);
+    }
+    let mut fleet = Fleet::with(fleet_options).await;
     if opts.secure {
-        eprintln!("chaos: least privilege: a Postgres login and a RabbitMQ user per process kind");
+        eprintln!(
+            "chaos: least privilege: a Postgres login and a RabbitMQ user per process kind, \
+             over verify-full TLS and amqps:// with a client certificate"
+        );
         fleet.least_privilege(private.as_ref()).await;
     }
     let setup = wall.elapsed();
@@ -343,7 +363,60 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     };
     drop(fleet);
     drop(private);
+    drop(secure);
     Ok(outcome)
+}
+
+/// The TLS side of `--secure`: a test CA, a private TLS-only Postgres cluster (its
+/// `pg_hba.conf` rejects plain connections) and the files of the fleet's client
+/// certificate for RabbitMQ.
+struct Secure {
+    dir: PathBuf,
+    ca: crate::tls::TestCa,
+    pg: crate::private_pg::PrivatePg,
+}
+
+impl Secure {
+    async fn start() -> Secure {
+        let dir = std::env::temp_dir().join(crate::unique_name("oncely_chaos_tls"));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let ca = crate::tls::TestCa::new(&dir, "ca");
+        let pg = crate::private_pg::PrivatePg::start(crate::private_pg::PgTls::On {
+            ca: &ca,
+            names: &["localhost"],
+        })
+        .await;
+        Secure { dir, ca, pg }
+    }
+
+    /// A private RabbitMQ node whose TLS listener requires a client certificate.
+    async fn broker(&self) -> PrivateBroker {
+        PrivateBroker::start_tls(crate::private_broker::BrokerTls {
+            ca: &self.ca,
+            names: &["localhost"],
+            require_client_cert: true,
+        })
+        .await
+    }
+
+    /// Point the fleet at the TLS endpoints: Postgres with `sslmode=verify-full`, the
+    /// broker at `amqps://localhost` with the CA and a client certificate.
+    fn connect(&self, o: &mut FleetOptions, broker: &PrivateBroker) {
+        let (cert_file, key_file) = self.ca.client_files(&self.dir, "fleet", "oncely-chaos");
+        o.database_server = Some(self.pg.verify_full_url("localhost", self.ca.ca_file()));
+        o.amqp_url = Some(broker.tls_url("localhost"));
+        o.broker_tls = oncely_core::config::BrokerTls {
+            ca_file: Some(self.ca.ca_file().to_owned()),
+            cert_file: Some(cert_file),
+            key_file: Some(key_file),
+        };
+    }
+}
+
+impl Drop for Secure {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// The run's steps: workload and crew started, the fault phase, the heal, the fleet

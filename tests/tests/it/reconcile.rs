@@ -767,24 +767,24 @@ async fn a_review_for_unavailable_lookups_closes_itself_once_they_return() {
         (last.answer.as_str(), last.code.as_deref()),
         ("succeeded", Some(id.as_str()))
     );
-    // The move and the review's closing, both from the same statement (in either order).
-    let mut trail: Vec<(String, String, Option<String>)> = events(&fleet, &a)
+    // The move and then the review's closing, both from the same statement (the newest
+    // event first here).
+    let trail: Vec<(String, String, Option<String>)> = events(&fleet, &a)
         .await
         .into_iter()
         .rev()
         .take(2)
         .map(|e| (e.to_status, e.reason, e.error_code))
         .collect();
-    trail.sort();
     assert_eq!(
         trail,
         [
-            ("succeeded".into(), "reconcile_found_succeeded".into(), None),
             (
                 "succeeded".into(),
                 "review_closed".into(),
                 Some("auto:lookup".into())
             ),
+            ("succeeded".into(), "reconcile_found_succeeded".into(), None),
         ]
     );
     let heard = hear(

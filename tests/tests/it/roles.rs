@@ -767,7 +767,7 @@ async fn a_least_privilege_fleet_executes_each_action_once() {
     })
     .await;
     let roles = DbRoles::create(&fleet.db).await;
-    let logins = Logins::create(&roles, Some(&broker), &fleet.prefix).await;
+    let logins = Logins::create(&roles, Some(&broker), &fleet.prefix, &broker.url()).await;
     let email = Intent::from_json(
         json!({"action_type": "email.send", "workflow_id": "case-roles",
         "step": "notify", "business_object": "email-1", "revision": 1,
