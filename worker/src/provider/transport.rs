@@ -26,8 +26,7 @@ use hyper::Uri;
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tower_service::Service;
@@ -52,8 +51,8 @@ impl Tls {
     /// Errors are for the operator: which file, what is wrong with it.
     pub(crate) fn new(host: &str, ca_file: Option<&Path>) -> Result<Self, String> {
         let roots = match ca_file {
-            Some(path) => roots_from_file(path)?,
-            None => system_roots()?,
+            Some(path) => oncely_core::tls::roots_from_file(path)?,
+            None => oncely_core::tls::system_roots()?,
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
@@ -80,39 +79,6 @@ pub(crate) fn rustls_connector(
 ) -> Result<(TlsConnector, ServerName<'static>), String> {
     let tls = Tls::new(host, ca_file)?;
     Ok((tls.connector, tls.server_name))
-}
-
-fn roots_from_file(path: &Path) -> Result<rustls::RootCertStore, String> {
-    let shown = path.display();
-    let text = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for (i, cert) in CertificateDer::pem_slice_iter(&text).enumerate() {
-        let cert = cert.map_err(|e| format!("{shown}: certificate {} unreadable: {e}", i + 1))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("{shown}: certificate {} is not a usable CA: {e}", i + 1))?;
-    }
-    if roots.is_empty() {
-        return Err(format!("{shown} holds no PEM certificate"));
-    }
-    Ok(roots)
-}
-
-fn system_roots() -> Result<rustls::RootCertStore, String> {
-    let found = rustls_native_certs::load_native_certs();
-    let mut roots = rustls::RootCertStore::empty();
-    let (added, _ignored) = roots.add_parsable_certificates(found.certs);
-    if added == 0 {
-        let why = found
-            .errors
-            .first()
-            .map(|e| format!(" ({e})"))
-            .unwrap_or_default();
-        return Err(format!(
-            "no system CA certificates found{why}; install ca-certificates or set ca_file"
-        ));
-    }
-    Ok(roots)
 }
 
 /// Why a connection could not be made. Every variant means *nothing was sent*.
