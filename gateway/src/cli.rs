@@ -54,6 +54,27 @@ pub enum Command {
     /// Make and hash tokens for the tokens file.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Make reviewer tokens for the review desk's reviewers file.
+    #[command(subcommand)]
+    Reviewer(ReviewerCommand),
+}
+
+/// `reviewer` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ReviewerCommand {
+    /// Generate a reviewer token: print it on stdout (give it to the person) and its
+    /// reviewers-file entry on stderr (`2>>reviewers.toml` appends it).
+    New {
+        /// The reviewer's id: recorded as who decided (1..=64 of A-Z a-z 0-9 . _ @ -).
+        #[arg(long)]
+        id: String,
+        /// `decide` (read and decide) or `view` (read only).
+        #[arg(long, value_parser = ["decide", "view"])]
+        role: String,
+        /// A tenant whose reviews this reviewer sees (repeat; none = every tenant).
+        #[arg(long = "tenant")]
+        tenants: Vec<String>,
+    },
 }
 
 /// `serve` options.
@@ -82,6 +103,26 @@ pub struct ServeArgs {
     /// How long a client's Idempotency-Key header value is remembered.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub client_key_ttl: Duration,
+    /// Serve the review desk at /desk for the reviewers in this file (hashed tokens with
+    /// a role; `oncely-gateway reviewer new` makes entries; see docs/reconcile.md).
+    #[arg(long, env = "ONCELY_DESK_REVIEWERS_FILE")]
+    pub desk_reviewers_file: Option<PathBuf>,
+    /// Postgres URL of the review desk's own pool; its role needs the desk's grants
+    /// (`oncely_desk` from `migrate --roles`). Default: DATABASE_URL.
+    #[arg(long, env = "ONCELY_DESK_DATABASE_URL", hide_env_values = true)]
+    pub desk_database_url: Option<String>,
+    /// A file with the key (at least 32 bytes) that signs the desk's session cookies:
+    /// give every gateway behind one address the same file. Default: a random key per
+    /// process (signed-in reviewers sign in again after a restart).
+    #[arg(long, env = "ONCELY_DESK_SESSION_KEY_FILE")]
+    pub desk_session_key_file: Option<PathBuf>,
+    /// How long a desk session lasts.
+    #[arg(long, default_value = "12h", value_parser = parse_duration)]
+    pub desk_session_ttl: Duration,
+    /// Send the session cookie without `Secure`, for a desk reached over plain HTTP from
+    /// a machine other than this one (never in production: serve the desk over HTTPS).
+    #[arg(long)]
+    pub desk_insecure_cookie: bool,
 }
 
 /// `token` subcommands.
@@ -139,6 +180,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             eprint!("{entry}");
             Ok(0)
         }
+        Command::Reviewer(ReviewerCommand::New { id, role, tenants }) => {
+            let token = crate::desk::auth::generate()?;
+            let mut entry = format!(
+                "[[reviewer]]\nid = {id:?}\nsha256 = \"{}\"\nrole = {role:?}\n",
+                tokens::hash_hex(&token)
+            );
+            if !tenants.is_empty() {
+                entry.push_str(&format!("tenants = {tenants:?}\n"));
+            }
+            // Check the entry as the gateway will read it, before anyone relies on it.
+            crate::desk::auth::Reviewers::parse(&entry).map_err(anyhow::Error::msg)?;
+            println!("{token}");
+            eprintln!(
+                "# reviewer {id:?}: the token was printed on stdout; give it to the person (it is not stored)"
+            );
+            eprint!("{entry}");
+            Ok(0)
+        }
         Command::Mcp {
             stdio,
             tokens_file,
@@ -184,6 +243,10 @@ async fn serve(config_path: Option<PathBuf>, args: ServeArgs) -> anyhow::Result<
     let metrics = oncely_core::metrics::install_handle().map_err(anyhow::Error::msg)?;
     let config = Config::load(config_path.as_deref())?;
     let tokens = load_tokens(&config, &args.tokens_file)?;
+    let desk = match &args.desk_reviewers_file {
+        None => None,
+        Some(path) => Some(connect_desk(&config, &args, path).await?),
+    };
     let service = Service::connect(config, secret()?, tokens).await?;
     let api = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -191,7 +254,7 @@ async fn serve(config_path: Option<PathBuf>, args: ServeArgs) -> anyhow::Result<
     let ops = tokio::net::TcpListener::bind(args.ops_listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.ops_listen))?;
-    tracing::info!(listen = %api.local_addr()?, ops = %ops.local_addr()?, "gateway ready");
+    tracing::info!(listen = %api.local_addr()?, ops = %ops.local_addr()?, desk = desk.is_some(), "gateway ready");
     expire_client_keys(service.clone(), args.client_key_ttl);
     let ops_app = crate::http::ops(service.clone(), metrics);
     tokio::spawn(async move {
@@ -201,11 +264,44 @@ async fn serve(config_path: Option<PathBuf>, args: ServeArgs) -> anyhow::Result<
     });
     axum::serve(
         api,
-        crate::http::api(service, args.max_body_bytes, &args.mcp_allowed_hosts),
+        crate::http::api(service, args.max_body_bytes, &args.mcp_allowed_hosts, desk),
     )
     .with_graceful_shutdown(shutdown())
     .await?;
     Ok(0)
+}
+
+/// The review desk, from `serve`'s options.
+async fn connect_desk(
+    config: &Config,
+    args: &ServeArgs,
+    reviewers_file: &std::path::Path,
+) -> anyhow::Result<std::sync::Arc<crate::desk::Desk>> {
+    use crate::desk::auth::{Reviewers, Sessions};
+    let reviewers = Reviewers::load(reviewers_file).map_err(anyhow::Error::msg)?;
+    let sessions = match &args.desk_session_key_file {
+        Some(path) => {
+            let key = std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("desk session key file {}: {e}", path.display()))?;
+            Sessions::new(key, args.desk_session_ttl)
+                .map_err(|e| anyhow::anyhow!("desk session key file {}: {e}", path.display()))?
+        }
+        None => Sessions::random(args.desk_session_ttl)?,
+    };
+    let database_url = args
+        .desk_database_url
+        .clone()
+        .unwrap_or_else(|| config.database_url.clone());
+    crate::desk::Desk::connect(
+        config,
+        crate::desk::DeskSettings {
+            database_url,
+            reviewers,
+            sessions,
+            secure_cookie: !args.desk_insecure_cookie,
+        },
+    )
+    .await
 }
 
 /// Delete old Idempotency-Key rows every minute.

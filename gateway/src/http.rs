@@ -178,11 +178,16 @@ impl Modify for BearerAuth {
 
 /// The `/v1` API, `/openapi.json` and the MCP endpoint (`/mcp`). `mcp_hosts`: the `Host`
 /// names `/mcp` accepts besides loopback (rmcp refuses others: DNS rebinding).
-pub fn api(service: AppState, max_body_bytes: usize, mcp_hosts: &[String]) -> axum::Router {
+pub fn api(
+    service: AppState,
+    max_body_bytes: usize,
+    mcp_hosts: &[String],
+    desk: Option<Arc<crate::desk::Desk>>,
+) -> axum::Router {
     use axum::routing::get;
     // One parameter name per position (the router's rule): `{id}` is the action type for
     // POST and the key for GET; the document names them `{action_type}` and `{key}`.
-    axum::Router::new()
+    let api = axum::Router::new()
         .route(
             "/v1/actions/{id}",
             axum::routing::post(submit).get(get_action),
@@ -194,8 +199,12 @@ pub fn api(service: AppState, max_body_bytes: usize, mcp_hosts: &[String]) -> ax
         .merge(crate::mcp::router_with_config(
             service,
             mcp_config(mcp_hosts),
-        ))
-        .layer(middleware::from_fn(count))
+        ));
+    match desk {
+        Some(desk) => api.merge(crate::desk::router(desk)),
+        None => api,
+    }
+    .layer(middleware::from_fn(count))
 }
 
 fn mcp_config(hosts: &[String]) -> rmcp::transport::StreamableHttpServerConfig {

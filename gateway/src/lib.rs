@@ -15,6 +15,7 @@
 
 pub mod cli;
 pub mod client_keys;
+pub mod desk;
 pub mod http;
 pub mod mcp;
 pub mod service;

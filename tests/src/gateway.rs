@@ -82,25 +82,33 @@ impl Gateway {
         tokens: &[TokenSpec],
         env: &[(&str, &str)],
     ) -> Gateway {
+        Self::start_with(fleet, tokens, env, &[]).await
+    }
+
+    /// [`Gateway::start_with_env`] with extra `serve` arguments (e.g. the review desk's).
+    pub async fn start_with(
+        fleet: &Fleet,
+        tokens: &[TokenSpec],
+        env: &[(&str, &str)],
+        extra_args: &[&str],
+    ) -> Gateway {
         let tokens_file = write_tokens(fleet, tokens);
         let (port, ops_port) = (free_port(), free_port());
         let (listen, ops) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{ops_port}"));
         let file = tokens_file.to_string_lossy().into_owned();
-        let proc = fleet.spawn_program(
-            &binary("oncely-gateway"),
-            &[
-                "serve",
-                "--listen",
-                &listen,
-                "--ops-listen",
-                &ops,
-                "--tokens-file",
-                &file,
-                "--max-body-bytes",
-                "65536",
-            ],
-            env,
-        );
+        let mut args = vec![
+            "serve",
+            "--listen",
+            &listen,
+            "--ops-listen",
+            &ops,
+            "--tokens-file",
+            &file,
+            "--max-body-bytes",
+            "65536",
+        ];
+        args.extend_from_slice(extra_args);
+        let proc = fleet.spawn_program(&binary("oncely-gateway"), &args, env);
         let gw = Gateway {
             proc,
             port,

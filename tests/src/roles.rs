@@ -125,7 +125,13 @@ impl Logins {
         amqp_url: &str,
     ) -> Logins {
         let mut db = HashMap::new();
-        for role in [Role::Worker, Role::Reconciler, Role::Producer, Role::Admin] {
+        for role in [
+            Role::Worker,
+            Role::Reconciler,
+            Role::Producer,
+            Role::Admin,
+            Role::Desk,
+        ] {
             db.insert(role, roles.login(role.suffix(), &[role]).await.1);
         }
         let mut amqp = HashMap::new();

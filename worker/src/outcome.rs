@@ -96,6 +96,16 @@ impl<'a> OutcomeEvent<'a> {
         Self::about_operation(op, "").with_verdict(verdict)
     }
 
+    /// An operation settled outside the fleet's processes — a person's decision on a
+    /// review, a statement import — as the journal holds it now.
+    pub fn decided(op: &'a Operation) -> Self {
+        OutcomeEvent {
+            provider_operation_id: op.provider_operation_id.as_deref(),
+            error_code: op.last_error_code.as_deref(),
+            ..Self::about_operation(op, op.status.as_str())
+        }
+    }
+
     /// A review was opened for an operation: a person must decide, for `reason`.
     pub fn review_opened(op: &'a Operation, reason: &'a str) -> Self {
         OutcomeEvent {

@@ -647,14 +647,22 @@ async fn sweep_once(
 
     full |= checks.take_and_start(ctx, publisher).await?;
     full |= checks.take_and_start_reviews(ctx, publisher).await?;
-    count_closed_reviews(ctx).await?;
+    count_closed_reviews(ctx, publisher).await?;
     set_gauges(ctx).await?;
     Ok(full)
 }
 
 /// Count the reviews closed since the last count, whoever closed them (a person, a
 /// statement import, a late answer, a lookup): each is counted by exactly one reconciler.
-async fn count_closed_reviews(ctx: &Context) -> anyhow::Result<()> {
+/// A closing by a person (the CLI or the review desk, which talk to Postgres only) or by a
+/// statement import published nothing, so the counting reconciler publishes the
+/// operation's outcome now when it ended terminal (a `retry` decision publishes nothing:
+/// the attempt it authorises will). The other closings were published by whoever settled
+/// the operation. Like every outcome event this is a notification after the commit: a
+/// reconciler killed between the count and the publish loses that one event, never the
+/// decision (docs/reconcile.md, "The review desk").
+async fn count_closed_reviews(ctx: &Context, publisher: &Publisher) -> anyhow::Result<()> {
+    let mut unpublished = Vec::new();
     for closed in ctx
         .journal
         .count_closed_reviews(ctx.config.reconciler.batch)
@@ -663,7 +671,25 @@ async fn count_closed_reviews(ctx: &Context) -> anyhow::Result<()> {
         let reason = ReviewReason::parse(&closed.reason).label();
         match closed.resolution.strip_prefix("auto:") {
             Some(how) => metrics::counter!(m::REVIEWS_AUTO_CLOSED, "reason" => reason, "how" => how.to_owned()).increment(1),
-            None => metrics::counter!(m::REVIEWS_RESOLVED, "reason" => reason, "resolution" => closed.resolution).increment(1),
+            None => metrics::counter!(m::REVIEWS_RESOLVED, "reason" => reason, "resolution" => closed.resolution.clone()).increment(1),
+        }
+        if matches!(
+            closed.resolution.as_str(),
+            "succeeded" | "failed" | "auto:statement"
+        ) {
+            unpublished.push(closed.idempotency_key);
+        }
+    }
+    for key in unpublished {
+        let Ok(key) = IdempotencyKey::parse(&key) else {
+            continue;
+        };
+        let Some(op) = ctx.journal.get_without_payload(&key).await? else {
+            continue;
+        };
+        if op.status.is_terminal() {
+            let ev = OutcomeEvent::decided(&op);
+            outcome::publish_one(publisher, &ctx.topology, &ev).await;
         }
     }
     Ok(())

@@ -25,6 +25,7 @@ pub mod article;
 pub mod claim;
 pub mod complete;
 pub mod conflict;
+pub mod desk;
 pub mod inspect;
 pub mod operation;
 pub mod recheck;
@@ -36,6 +37,7 @@ pub mod sweep;
 
 pub use claim::{Claim, ClaimOutcome, ClaimRequest, NotClaimed};
 pub use complete::{Applied, Completion, LATE_REASON, Verdict};
+pub use desk::{DeskFilter, DeskRow};
 pub use operation::{Event, JournalError, Operation, PayloadUnavailable};
 pub use recheck::{ClosedReview, DueReview, LookupSeen, OpenReviews};
 pub use record::Recorded;

@@ -49,6 +49,8 @@ impl DueReview {
 /// A closed review counted for the metrics.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ClosedReview {
+    /// The operation.
+    pub idempotency_key: String,
     /// Why it had been opened (stored text).
     pub reason: String,
     /// How it closed (`auto:lookup`, `succeeded`, …).
@@ -166,8 +168,10 @@ impl Journal {
     }
 
     /// Closed reviews no reconciler has counted yet, at most `limit`, marked counted in
-    /// the same statement (`SKIP LOCKED`): each closing — by a person's CLI, a statement
-    /// import, a worker's late answer or a lookup — is counted once across the fleet.
+    /// the same statement (`SKIP LOCKED`): each closing — by a person (CLI or review
+    /// desk), a statement import, a worker's late answer or a lookup — is counted once
+    /// across the fleet, and the closings nobody published an outcome for (a person's,
+    /// a statement's) are published by the reconciler that counted them.
     pub async fn count_closed_reviews(
         &self,
         limit: i64,
@@ -177,7 +181,7 @@ impl Journal {
                  SELECT id FROM operation_reviews WHERE resolved_at IS NOT NULL AND counted_at IS NULL \
                  ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
              UPDATE operation_reviews r SET counted_at = now() FROM due WHERE r.id = due.id \
-             RETURNING r.reason, r.resolution",
+             RETURNING r.idempotency_key, r.reason, r.resolution",
         )
         .bind(limit)
         .fetch_all(&self.pool)

@@ -197,18 +197,24 @@ pub(crate) async fn settle_unknown(
             "review_retry",
         ),
     };
-    let moved = sqlx::query(
-        "UPDATE agent_operations SET status = $3, provider_operation_id = coalesce($4, provider_operation_id), \
+    // Two statements rather than a CASE over the payload columns: an expression that
+    // names a column reads it, and the review desk's role may not read payloads
+    // (core/src/roles/grants.rs, DESK). A terminal move drops the payload; a retry keeps it.
+    const TO_TERMINAL: &str = "UPDATE agent_operations SET status = $3, provider_operation_id = coalesce($4, provider_operation_id), \
              result_json = CASE WHEN $3 = 'succeeded' THEN jsonb_build_object('id', $4::text, 'resolved_by', $6::text) ELSE result_json END, \
-             last_error_code = $5, lease_owner = NULL, \
-             lease_until = CASE WHEN $3 = 'failed_retryable' THEN now() ELSE NULL END, \
-             updated_at = now(), \
-             payload = CASE WHEN $3 IN ('succeeded', 'failed_final') THEN NULL ELSE payload END, \
-             payload_sealed = CASE WHEN $3 IN ('succeeded', 'failed_final') THEN NULL ELSE payload_sealed END, \
-             payload_key_id = CASE WHEN $3 IN ('succeeded', 'failed_final') THEN NULL ELSE payload_key_id END, \
+             last_error_code = $5, lease_owner = NULL, lease_until = NULL, updated_at = now(), \
+             payload = NULL, payload_sealed = NULL, payload_key_id = NULL, \
              last_actor = $6, last_reason = $7 \
-         WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2",
-    )
+         WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2";
+    const TO_RETRY: &str = "UPDATE agent_operations SET status = $3, provider_operation_id = coalesce($4, provider_operation_id), \
+             last_error_code = $5, lease_owner = NULL, lease_until = now(), updated_at = now(), \
+             last_actor = $6, last_reason = $7 \
+         WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2";
+    let moved = sqlx::query(if to == "failed_retryable" {
+        TO_RETRY
+    } else {
+        TO_TERMINAL
+    })
     .bind(key.as_str())
     .bind(attempt)
     .bind(to)
@@ -335,7 +341,7 @@ impl Journal {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        self.get(key)
+        self.get_without_payload(key)
             .await?
             .ok_or_else(|| ResolveError::NoOpenReview(key.to_string()))
     }

@@ -308,6 +308,20 @@ const ADMIN: &[Need] = &[
     table(Delete, REVIEWS, Table),
 ];
 
+/// The review desk (gateway/src/desk): list open reviews with their operations, show
+/// one operation's timeline and evidence, and apply a person's decision — the same
+/// statements as the CLI's `resolve_review`. It never reads a payload (the decision rests
+/// on the timeline, the evidence and the saved result), deletes nothing, inserts nothing:
+/// the move's event and `review_closed` come from the triggers.
+const DESK: &[Need] = &[
+    SCHEMA_VERSION,
+    table(Select, OPERATIONS, AllBut(PAYLOAD_COLUMNS)),
+    table(Update, OPERATIONS, Only(SETTLE_UPDATE)),
+    table(Select, EVENTS, Table),
+    table(Select, REVIEWS, Table),
+    table(Update, REVIEWS, Only(REVIEW_RESOLVE)),
+];
+
 /// Everything `process` needs.
 pub fn needs(process: Process) -> Vec<Need> {
     match process {
@@ -316,6 +330,7 @@ pub fn needs(process: Process) -> Vec<Need> {
         Process::Producer => PRODUCER.to_vec(),
         Process::Gateway => [PRODUCER, GATEWAY_ONLY].concat(),
         Process::Admin => ADMIN.to_vec(),
+        Process::Desk => DESK.to_vec(),
     }
 }
 
@@ -359,7 +374,24 @@ mod tests {
     }
 
     #[test]
-    fn only_the_admin_deletes_and_resolves() {
+    fn only_the_admin_deletes_and_only_people_resolve() {
+        // The desk resolves (a person's decision) and reads no payload.
+        let desk = Process::Desk;
+        for t in [OPERATIONS, EVENTS, REVIEWS] {
+            assert!(
+                grants_on(desk, Delete, t).is_empty(),
+                "the desk deletes {t}"
+            );
+            assert!(
+                grants_on(desk, Insert, t).is_empty(),
+                "the desk inserts {t}"
+            );
+        }
+        assert_eq!(grants_on(desk, Update, REVIEWS), vec![Only(REVIEW_RESOLVE)]);
+        assert_eq!(
+            grants_on(desk, Select, OPERATIONS),
+            vec![AllBut(PAYLOAD_COLUMNS)]
+        );
         for p in [
             Process::Worker,
             Process::Reconciler,

@@ -12,6 +12,7 @@
 //! | `oncely_reconciler` | `oncely-worker reconcile` (with its sweeper) |
 //! | `oncely_producer` | the producer SDK and CLI, and `oncely-gateway` |
 //! | `oncely_admin` | `oncely-worker admin` (inspect, resolve, import statements, purge) |
+//! | `oncely_desk` | the review desk of `oncely-gateway serve` (read reviews, resolve them; no payloads) |
 //!
 //! `oncely-worker migrate --roles` creates or updates them (or prints the SQL with
 //! `--print`); every process checks at start that its role has what it needs and says
@@ -47,16 +48,19 @@ pub enum Process {
     Gateway,
     /// `oncely-worker admin`.
     Admin,
+    /// The review desk (`oncely-gateway serve --desk-reviewers-file`).
+    Desk,
 }
 
 impl Process {
     /// Every kind.
-    pub const ALL: [Process; 5] = [
+    pub const ALL: [Process; 6] = [
         Process::Worker,
         Process::Reconciler,
         Process::Producer,
         Process::Gateway,
         Process::Admin,
+        Process::Desk,
     ];
 
     /// Its name in messages ("needed by the worker").
@@ -67,6 +71,7 @@ impl Process {
             Process::Producer => "producer",
             Process::Gateway => "gateway",
             Process::Admin => "admin",
+            Process::Desk => "review desk",
         }
     }
 
@@ -77,6 +82,7 @@ impl Process {
             Process::Reconciler => Role::Reconciler,
             Process::Producer | Process::Gateway => Role::Producer,
             Process::Admin => Role::Admin,
+            Process::Desk => Role::Desk,
         }
     }
 }
@@ -94,16 +100,19 @@ pub enum Role {
     Producer,
     /// Admin commands.
     Admin,
+    /// The review desk: reads reviews and operations (never payloads), resolves reviews.
+    Desk,
 }
 
 impl Role {
     /// Every group role.
-    pub const ALL: [Role; 5] = [
+    pub const ALL: [Role; 6] = [
         Role::Migrate,
         Role::Worker,
         Role::Reconciler,
         Role::Producer,
         Role::Admin,
+        Role::Desk,
     ];
 
     /// The part of the name after the prefix.
@@ -114,6 +123,7 @@ impl Role {
             Role::Reconciler => "reconciler",
             Role::Producer => "producer",
             Role::Admin => "admin",
+            Role::Desk => "desk",
         }
     }
 
@@ -130,6 +140,7 @@ impl Role {
             Role::Reconciler => &[Process::Reconciler],
             Role::Producer => &[Process::Producer, Process::Gateway],
             Role::Admin => &[Process::Admin],
+            Role::Desk => &[Process::Desk],
         }
     }
 }

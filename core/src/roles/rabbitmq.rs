@@ -75,12 +75,12 @@ const BIND_SOURCES: &[&str] = &["dlx", "actions", "reconcile-requests"];
 const SERVER_NAMED: &str = "^amq\\.gen-.*$";
 
 /// The permissions of `role`'s RabbitMQ user for a fleet with broker prefix `prefix`;
-/// `None` for the roles that do not use RabbitMQ (`migrate`, `admin`).
+/// `None` for the roles that do not use RabbitMQ (`migrate`, `admin`, `desk`).
 pub fn permissions(role: Role, prefix: &str) -> Option<Permissions> {
     let p = escape(prefix);
     let with = |base: &[&str], more: &[&str]| names(&p, &[base, more].concat());
     match role {
-        Role::Migrate | Role::Admin => None,
+        Role::Migrate | Role::Admin | Role::Desk => None,
         // Creates the queues (dead-letter arguments: read on the queue, write on
         // `<p>.dlx`), consumes the action queues, dead-letters invalid messages itself.
         Role::Worker => Some(Permissions {

@@ -428,7 +428,7 @@ mod tests {
             !s.iter()
                 .any(|s| s.contains("SEQUENCE") && s.ends_with("\"x_producer\""))
         );
-        assert_eq!(s.iter().filter(|s| s.contains("CREATE ROLE")).count(), 5);
+        assert_eq!(s.iter().filter(|s| s.contains("CREATE ROLE")).count(), 6);
         assert!(
             !s.iter()
                 .any(|s| s.starts_with("GRANT DELETE") && !s.ends_with("\"x_admin\"")),

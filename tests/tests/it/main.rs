@@ -4,6 +4,7 @@
 mod admin;
 mod cli;
 mod dashboards;
+mod desk;
 mod gateway;
 mod https;
 mod journal;

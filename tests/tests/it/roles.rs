@@ -14,8 +14,8 @@ use lapin::types::FieldTable;
 use oncely_core::config::BrokerConfig;
 use oncely_core::db::DbError;
 use oncely_core::journal::{
-    ClaimOutcome, ClaimRequest, Completion, Journal, JournalError, NewReview, Recorded, Resolution,
-    Verdict,
+    ClaimOutcome, ClaimRequest, Completion, DeskFilter, Journal, JournalError, NewReview, Recorded,
+    Resolution, Verdict,
 };
 use oncely_core::review::{Evidence, ReviewReason};
 use oncely_core::roles::{Process, Role, check_grants, grants, rabbitmq};
@@ -91,6 +91,7 @@ async fn each_role_can_run_its_statements_and_nothing_it_must_not() {
     let (_, reconciler) = roles.pool("reconciler", Role::Reconciler).await;
     let (_, producer) = roles.pool("producer", Role::Producer).await;
     let (_, admin) = roles.pool("admin", Role::Admin).await;
+    let (_, desk) = roles.pool("desk", Role::Desk).await;
 
     // The start-up check: each passes for its own process kind, not for another's.
     for (pool, processes) in [
@@ -98,6 +99,7 @@ async fn each_role_can_run_its_statements_and_nothing_it_must_not() {
         (&reconciler, &[Process::Reconciler]),
         (&producer, &[Process::Producer, Process::Gateway]),
         (&admin, &[Process::Admin]),
+        (&desk, &[Process::Desk]),
     ] {
         for p in processes {
             check_grants(pool, *p, &db.url)
@@ -295,6 +297,64 @@ async fn each_role_can_run_its_statements_and_nothing_it_must_not() {
         refused(&reconciler, sql).await;
     }
 
+    // Desk: lists open reviews with their operations, reads the timeline, resolves a
+    // review (the admin's transaction); never reads a payload, deletes or inserts.
+    let d = payment("d2", 6);
+    claimed_then_unknown(&wj, &owner, &d).await;
+    assert!(
+        rj.open_review(
+            &d.key,
+            1,
+            &NewReview::bare(&ReviewReason::AbsentPolicyRequiresReview),
+            "reconciler"
+        )
+        .await
+        .expect("open a review for the desk")
+    );
+    let dj = Journal::new(desk.clone());
+    let listed = dj
+        .desk_reviews(&DeskFilter {
+            limit: 10,
+            ..DeskFilter::default()
+        })
+        .await
+        .expect("list as the desk");
+    assert!(
+        listed
+            .iter()
+            .any(|r| r.review.idempotency_key == d.key.as_str() && r.status == "unknown"),
+        "{listed:?}"
+    );
+    assert!(
+        !dj.events(&d.key)
+            .await
+            .expect("timeline as the desk")
+            .is_empty()
+    );
+    let op = dj
+        .resolve_review(
+            &d.key,
+            &Resolution::Failed,
+            "alice",
+            Some("not in the statement"),
+        )
+        .await
+        .expect("resolve as the desk");
+    assert_eq!(op.status, Status::FailedFinal);
+    journal_refused(dj.get(&d.key).await, "the desk reading a payload");
+    for sql in [
+        "SELECT payload FROM agent_operations",
+        "SELECT payload_sealed FROM agent_operations",
+        "DELETE FROM operation_reviews",
+        "DELETE FROM agent_operations",
+        "UPDATE agent_operations SET attempt_count = attempt_count + 1",
+        "UPDATE operation_events SET actor = 'someone else'",
+        "INSERT INTO operation_reviews (idempotency_key, reason, opened_by) SELECT idempotency_key, 'x', 'desk' FROM agent_operations",
+        "CREATE TABLE forbidden (i int)",
+    ] {
+        refused(&desk, sql).await;
+    }
+
     // Admin: resolves the review and purges (events included); inserts nothing.
     let aj = Journal::new(admin.clone());
     refused(
@@ -323,7 +383,7 @@ async fn each_role_can_run_its_statements_and_nothing_it_must_not() {
         .purge(&[("payment_order.create".into(), Duration::ZERO)], false)
         .await
         .expect("purge as the admin");
-    assert_eq!(purged, 2, "a and c, the terminal ones");
+    assert_eq!(purged, 3, "a, c and d, the terminal ones");
     assert!(owner.events(&a.key).await.expect("events").is_empty());
     assert!(owner.get(&b.key).await.expect("get").is_some());
 }
