@@ -116,6 +116,7 @@ def main():
         d.get(f"{URL}/desk/login")
         d.find_element(By.ID, "token").send_keys("not-a-reviewer")
         d.find_element(By.ID, "sign-in").click()
+        WebDriverWait(d, 10).until(lambda d: d.find_elements(By.ID, "error"))
         check("not in the reviewers file" in (text(d, "#error") or ""), "a wrong token is refused")
         step("a wrong token is refused")
 
