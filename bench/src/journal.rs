@@ -52,6 +52,7 @@ pub async fn run(
         &PoolSettings {
             max_connections: u32::try_from(tasks).unwrap_or(u32::MAX),
             acquire_timeout: Duration::from_secs(30),
+            pooler: false,
         },
     )
     .await?;

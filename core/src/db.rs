@@ -333,6 +333,10 @@ pub struct PoolSettings {
     pub max_connections: u32,
     /// How long to wait for a free connection before failing (retryable).
     pub acquire_timeout: Duration,
+    /// Postgres is reached through a transaction-pooling pooler (pgbouncer
+    /// `pool_mode = transaction`): no statement cache, and [`crate::Db`] runs each
+    /// statement unnamed in a transaction of its own ([`crate::pooler`]).
+    pub pooler: bool,
 }
 
 impl Default for PoolSettings {
@@ -340,13 +344,27 @@ impl Default for PoolSettings {
         Self {
             max_connections: 8,
             acquire_timeout: Duration::from_secs(10),
+            pooler: false,
+        }
+    }
+}
+
+impl PoolSettings {
+    /// The defaults, through a pooler when the config says so.
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        Self {
+            pooler: config.database_pooler.is_transaction(),
+            ..Self::default()
         }
     }
 }
 
 /// Connect a pool (the database must exist), after checking the URL's TLS settings.
 pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, DbError> {
-    let opts = check_tls_settings(url)?;
+    let mut opts = check_tls_settings(url)?;
+    if settings.pooler {
+        opts = opts.statement_cache_capacity(0);
+    }
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
@@ -404,7 +422,9 @@ fn schema_message(found: &Option<i64>, needed: &i64) -> String {
 }
 
 /// The newest successfully applied migration (`None`: none, or no migrations table).
-pub async fn schema_version(pool: &PgPool) -> Result<Option<i64>, sqlx::Error> {
+pub async fn schema_version<'c>(
+    pool: impl sqlx::PgExecutor<'c> + Copy,
+) -> Result<Option<i64>, sqlx::Error> {
     let table: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)
         .await?;
@@ -417,7 +437,10 @@ pub async fn schema_version(pool: &PgPool) -> Result<Option<i64>, sqlx::Error> {
 }
 
 /// Fail with [`DbError::Schema`] unless the database is at this binary's version.
-pub async fn check_schema(pool: &PgPool, url_for_messages: &str) -> Result<(), DbError> {
+pub async fn check_schema<'c>(
+    pool: impl sqlx::PgExecutor<'c> + Copy,
+    url_for_messages: &str,
+) -> Result<(), DbError> {
     let found = schema_version(pool)
         .await
         .map_err(|source| DbError::Connect {
@@ -442,16 +465,17 @@ pub async fn connect_checked(url: &str, settings: &PoolSettings) -> Result<PgPoo
 
 /// Connect a pool, check that the connected role holds what `process` needs
 /// ([`crate::roles::check_grants`], one query) and that the schema is at this binary's
-/// version: how every process but `migrate` starts.
+/// version: how every process but `migrate` starts. Returns the [`crate::Db`] its
+/// statements go through (directly, or through a pooler as `settings` say).
 pub async fn connect_checked_as(
     url: &str,
     settings: &PoolSettings,
     process: crate::roles::Process,
-) -> Result<PgPool, DbError> {
-    let pool = connect(url, settings).await?;
-    crate::roles::check_grants(&pool, process, url).await?;
-    check_schema(&pool, url).await?;
-    Ok(pool)
+) -> Result<crate::Db, DbError> {
+    let db = crate::Db::new(connect(url, settings).await?, settings.pooler);
+    crate::roles::check_grants(&db, process, url).await?;
+    check_schema(&db, url).await?;
+    Ok(db)
 }
 
 /// Create if missing, connect and migrate: what `oncely-worker migrate` does, and what

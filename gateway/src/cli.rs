@@ -308,7 +308,7 @@ async fn connect_desk(
 fn expire_client_keys(service: std::sync::Arc<Service>, ttl: Duration) {
     tokio::spawn(async move {
         loop {
-            let pool = service.producer().await.journal().pool().clone();
+            let pool = service.producer().await.journal().db().clone();
             match crate::client_keys::expire(&pool, ttl).await {
                 Ok(n) if n > 0 => tracing::info!(deleted = n, "expired Idempotency-Key values"),
                 Ok(_) => {}

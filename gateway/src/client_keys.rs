@@ -12,7 +12,7 @@
 //! request after [`ABANDONED_AFTER`]; rows are deleted after the TTL
 //! (`--client-key-ttl`).
 
-use sqlx::PgPool;
+use oncely_core::Db;
 use std::time::Duration;
 
 /// A `recording` row older than this belongs to a request that will never finish.
@@ -45,7 +45,7 @@ pub fn fingerprint(key: &str, payload_hash: &str) -> String {
 /// Claim the header value for this request, whose fingerprints (one per secret of the
 /// key ring, the current one first) are `fingerprints`.
 pub async fn begin(
-    pool: &PgPool,
+    pool: &Db,
     tenant: &str,
     client_key: &str,
     fingerprints: &[String],
@@ -87,7 +87,7 @@ pub async fn begin(
 
 /// The request was recorded (new, duplicate or conflict): later repeats proceed.
 pub async fn finish(
-    pool: &PgPool,
+    pool: &Db,
     tenant: &str,
     client_key: &str,
     key: &str,
@@ -105,7 +105,7 @@ pub async fn finish(
 }
 
 /// The request failed before anything was recorded: free the value for a retry.
-pub async fn abort(pool: &PgPool, tenant: &str, client_key: &str) -> Result<(), sqlx::Error> {
+pub async fn abort(pool: &Db, tenant: &str, client_key: &str) -> Result<(), sqlx::Error> {
     sqlx::query(
         "DELETE FROM gateway_requests WHERE tenant = $1 AND client_key = $2 AND state = 'recording'",
     )
@@ -117,7 +117,7 @@ pub async fn abort(pool: &PgPool, tenant: &str, client_key: &str) -> Result<(), 
 }
 
 /// Delete header values older than `ttl`; returns how many.
-pub async fn expire(pool: &PgPool, ttl: Duration) -> Result<u64, sqlx::Error> {
+pub async fn expire(pool: &Db, ttl: Duration) -> Result<u64, sqlx::Error> {
     Ok(sqlx::query(
         "DELETE FROM gateway_requests WHERE created_at < now() - make_interval(secs => $1)",
     )

@@ -311,7 +311,7 @@ impl Service {
         }
         let envelope = intent.clone().seal(&self.secret).map_err(invalid_intent)?;
         let key = envelope.key.as_str().to_owned();
-        let pool = self.producer().await.journal().pool().clone();
+        let pool = self.producer().await.journal().db().clone();
         let owner = match client_key {
             None => false,
             Some(ck) => {
@@ -497,7 +497,7 @@ impl Service {
     pub async fn ready(&self) -> Result<(), String> {
         let producer = self.producer().await;
         sqlx::query("SELECT 1")
-            .execute(producer.journal().pool())
+            .execute(producer.journal().db())
             .await
             .map_err(|e| format!("postgres: {e}"))?;
         if !producer.broker_connected() {

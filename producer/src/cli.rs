@@ -120,13 +120,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Status { key, json } => {
             let key = IdempotencyKey::parse(&key)?;
             let config = Config::load(cli.config.as_deref())?;
-            let pool = oncely_core::db::connect_checked_as(
+            let db = oncely_core::db::connect_checked_as(
                 &config.database_url,
-                &Default::default(),
+                &oncely_core::db::PoolSettings::for_config(&config),
                 oncely_core::roles::Process::Producer,
             )
             .await?;
-            let journal = oncely_core::journal::Journal::new(pool);
+            let journal = oncely_core::journal::Journal::on(db);
             match journal.get_without_payload(&key).await? {
                 None => {
                     eprintln!("no operation with key {key}");

@@ -111,7 +111,7 @@ impl Producer {
     ) -> Result<Self, ProducerError> {
         let pool = oncely_core::db::connect_checked_as(
             &config.database_url,
-            &oncely_core::db::PoolSettings::default(),
+            &oncely_core::db::PoolSettings::for_config(config),
             process,
         )
         .await
@@ -139,7 +139,7 @@ impl Producer {
                 ProducerError::Connect(format!("declaring topology: {e}{hint}"))
             })?;
         Ok(Self {
-            journal: Journal::new(pool).with_data_keys(data_keys),
+            journal: Journal::on(pool).with_data_keys(data_keys),
             publisher,
             topology,
             secret,

@@ -270,6 +270,9 @@ pub struct Fleet {
     /// Least privilege ([`Fleet::least_privilege`]): the database's group roles, and a
     /// login (and, on a private broker, a broker user) per kind of process.
     pub least_privilege: Option<(crate::roles::DbRoles, crate::roles::Logins)>,
+    /// The fleet's database through this pgbouncer (transaction pooling) for every
+    /// process and SDK producer ([`Fleet::through_pooler`]); checks stay direct.
+    pub pooled_url: Option<String>,
     spawned: std::sync::atomic::AtomicUsize,
 }
 
@@ -359,6 +362,7 @@ impl Fleet {
             channel,
             data_keys_file,
             least_privilege: None,
+            pooled_url: None,
             spawned: Default::default(),
         }
     }
@@ -389,10 +393,27 @@ impl Fleet {
         self.least_privilege = Some((roles, logins));
     }
 
+    /// From now on, every process and SDK producer reaches the fleet's database through
+    /// `bouncer` (transaction pooling; `database_pooler = "transaction"`). Not with
+    /// least privilege (the bouncer's users are the machine's).
+    pub fn through_pooler(&mut self, bouncer: &crate::pgbouncer::Pgbouncer) {
+        assert!(
+            self.least_privilege.is_none(),
+            "a pooled fleet runs on the machine's users"
+        );
+        self.pooled_url = Some(bouncer.url_for(&self.db.url));
+    }
+
     /// The connection environment of a process started with `subcommand` (`run`,
-    /// `reconcile`, `admin`, `serve`…): its kind's login under least privilege, else
-    /// nothing (the config's URLs).
+    /// `reconcile`, `admin`, `serve`…): its kind's login under least privilege, the
+    /// pooler's URL through a pooler, else nothing (the config's URLs).
     pub fn role_env(&self, subcommand: &str) -> Vec<(&'static str, String)> {
+        if let Some(url) = &self.pooled_url {
+            return vec![
+                ("DATABASE_URL", url.clone()),
+                ("ONCELY_DATABASE_POOLER", "transaction".into()),
+            ];
+        }
         match (
             &self.least_privilege,
             crate::roles::Logins::role_of(subcommand),
@@ -410,6 +431,10 @@ impl Fleet {
     /// login and broker user under least privilege.
     pub fn producer_config(&self) -> Config {
         let mut config = self.config.clone();
+        if let Some(url) = &self.pooled_url {
+            config.database_url = url.clone();
+            config.database_pooler = oncely_core::config::DatabasePooler::Transaction;
+        }
         if let Some((_, logins)) = &self.least_privilege {
             let role = oncely_core::roles::Role::Producer;
             config.database_url = logins.db[&role].clone();

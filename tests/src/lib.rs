@@ -153,6 +153,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod localstripe;
 pub mod mail;
+pub mod pgbouncer;
 pub mod private_broker;
 pub mod private_pg;
 pub mod proxy;

@@ -148,12 +148,12 @@ pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
         &config.database_url,
         &oncely_core::db::PoolSettings {
             max_connections: 2,
-            ..Default::default()
+            ..oncely_core::db::PoolSettings::for_config(config)
         },
         oncely_core::roles::Process::Admin,
     )
     .await?;
-    let journal = Journal::new(pool).with_data_keys(oncely_core::DataKeys::from_env()?);
+    let journal = Journal::on(pool).with_data_keys(oncely_core::DataKeys::from_env()?);
     match cmd {
         AdminCommand::Ops(OpsCommand::List(a)) => ops_list(&journal, a).await,
         AdminCommand::Ops(OpsCommand::Show { key, payload, json }) => {

@@ -108,7 +108,7 @@ pub fn load_config(path: Option<&std::path::Path>, only: &[String]) -> anyhow::R
 pub async fn context(config: Config, process: Process) -> anyhow::Result<Context> {
     let settings = PoolSettings {
         max_connections: config.worker.db_connections,
-        ..PoolSettings::default()
+        ..PoolSettings::for_config(&config)
     };
     // The database may be starting: retry for a while rather than exit on the first
     // hiccup.
@@ -157,7 +157,7 @@ pub async fn context(config: Config, process: Process) -> anyhow::Result<Context
     }
     Context::new(
         config,
-        Journal::new(pool).with_data_keys(data_keys),
+        Journal::on(pool).with_data_keys(data_keys),
         secret,
         process.name(),
     )
@@ -219,6 +219,13 @@ async fn migrate(
 ) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     let url = &config.database_url;
+    if config.database_pooler.is_transaction() {
+        anyhow::bail!(
+            "migrate connects to Postgres itself, not through a transaction pooler (its lock is a \
+             session advisory lock): run it with DATABASE_URL set to the server and \
+             ONCELY_DATABASE_POOLER=none (docs/scaling.md)"
+        );
+    }
     let one = PoolSettings {
         max_connections: 1,
         ..PoolSettings::default()

@@ -4,7 +4,7 @@
 //! through the same deserializer and validation as the file, so a bad value in the
 //! environment is the same clear startup error as a bad value in the file.
 //!
-//! Names: `DATABASE_URL`, `ONCELY_AMQP_URL`, `ONCELY_PREFIX`, and generically
+//! Names: `DATABASE_URL`, `ONCELY_DATABASE_POOLER`, `ONCELY_AMQP_URL`, `ONCELY_PREFIX`, and generically
 //! `ONCELY__SECTION__NAME__FIELD=value` (`.` in an action type is written `_DOT_`).
 
 use super::error::{ConfigError, invalid};
@@ -17,6 +17,7 @@ pub(crate) fn apply(
     for (name, value) in env {
         let path: Vec<String> = match name.as_str() {
             "DATABASE_URL" => vec!["database_url".into()],
+            "ONCELY_DATABASE_POOLER" => vec!["database_pooler".into()],
             "ONCELY_AMQP_URL" => vec!["broker".into(), "url".into()],
             "ONCELY_PREFIX" => vec!["broker".into(), "prefix".into()],
             _ => match name.strip_prefix("ONCELY__") {

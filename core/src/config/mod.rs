@@ -73,6 +73,11 @@ pub struct Config {
     /// Postgres URL (env `DATABASE_URL`).
     #[serde(default = "default_db")]
     pub database_url: String,
+    /// `"transaction"` when `database_url` is a transaction-pooling pooler (pgbouncer
+    /// `pool_mode = transaction`), `"none"` (default) for Postgres itself (env
+    /// `ONCELY_DATABASE_POOLER`; docs/scaling.md, "Through pgbouncer").
+    #[serde(default, skip_serializing_if = "DatabasePooler::is_none")]
+    pub database_pooler: DatabasePooler,
     /// Broker.
     #[serde(default)]
     pub broker: BrokerConfig,
@@ -88,6 +93,28 @@ pub struct Config {
     /// Providers by name.
     #[serde(default, deserialize_with = "providers::deserialize_map")]
     pub providers: BTreeMap<String, ProviderConfig>,
+}
+
+/// How `database_url` reaches Postgres ([`crate::pooler`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatabasePooler {
+    /// Postgres itself (or a session-pooling pooler).
+    #[default]
+    None,
+    /// A transaction-pooling pooler: each statement in a transaction of its own, unnamed.
+    Transaction,
+}
+
+impl DatabasePooler {
+    /// Whether statements go through a transaction pooler.
+    pub fn is_transaction(&self) -> bool {
+        *self == Self::Transaction
+    }
+
+    fn is_none(&self) -> bool {
+        *self == Self::None
+    }
 }
 
 fn default_db() -> String {
@@ -220,9 +247,11 @@ mod tests {
                 ("ONCELY_PREFIX", "t1"),
                 ("ONCELY__WORKER__PREFETCH", "7"),
                 ("DATABASE_URL", "postgres://x@y/z"),
+                ("ONCELY_DATABASE_POOLER", "transaction"),
             ],
         )
         .expect("config");
+        assert!(c.database_pooler.is_transaction());
         assert_eq!(http(&c, "bank").base_url, "http://sandbox:9999");
         assert_eq!(c.broker.prefix, "t1");
         assert_eq!(c.worker.prefetch, 7);

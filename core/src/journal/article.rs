@@ -110,8 +110,8 @@ pub enum ArticleFlowError {
 impl Journal {
     /// Create the article's plain table (and its index) if missing.
     pub async fn create_article_table(&self) -> Result<(), JournalError> {
-        sqlx::query(PLAIN_TABLE).execute(&self.pool).await?;
-        sqlx::query(PLAIN_INDEX).execute(&self.pool).await?;
+        sqlx::query(PLAIN_TABLE).execute(&self.db).await?;
+        sqlx::query(PLAIN_INDEX).execute(&self.db).await?;
         Ok(())
     }
 
@@ -141,7 +141,7 @@ impl Journal {
                 .bind(&a.hash),
         };
         inserted
-            .execute(&self.pool)
+            .execute(&self.db)
             .await
             .map_err(JournalError::from)?;
         let claim = match table {
@@ -149,7 +149,7 @@ impl Journal {
             ArticleTable::Plain => sqlx::query_scalar(PLAIN_CLAIM).bind(&a.key),
         };
         let claimed: Option<i32> = claim
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.db)
             .await
             .map_err(JournalError::from)?;
         if claimed.is_none() {
@@ -167,7 +167,7 @@ impl Journal {
                 .bind(&a.result),
         };
         let done = complete
-            .execute(&self.pool)
+            .execute(&self.db)
             .await
             .map_err(JournalError::from)?;
         if done.rows_affected() != 1 {
@@ -182,7 +182,7 @@ impl Journal {
             sqlx::query_scalar(
                 "SELECT count(*) FROM article_operations WHERE status = 'succeeded'",
             )
-            .fetch_one(&self.pool)
+            .fetch_one(&self.db)
             .await?,
         )
     }

@@ -242,7 +242,7 @@ impl Journal {
         ), cols)
         .bind(&leases)
         .bind(owner)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?;
         let mut claimed: HashMap<usize, Claim> = HashMap::with_capacity(rows.len());
         for row in rows {

@@ -274,16 +274,19 @@ impl Journal {
         cs: &[Completion],
         actor: &str,
     ) -> Result<Vec<Applied>, JournalError> {
-        complete_batch_on(&self.pool, cs, actor).await
+        complete_batch_on(&self.db, cs, actor, true).await
     }
 }
 
 /// [`Journal::complete_batch`] on any executor: a pool, or a transaction that writes
 /// something else with it (a review's evidence, journal/recheck.rs).
+/// `persistent`: `false` inside an explicit transaction (the statement is unnamed; see
+/// [`crate::pooler`]), `true` on the journal's [`crate::Db`] (which decides for itself).
 pub(crate) async fn complete_batch_on<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     cs: &[Completion],
     actor: &str,
+    persistent: bool,
 ) -> Result<Vec<Applied>, JournalError> {
     if cs.is_empty() {
         return Ok(Vec::new());
@@ -313,6 +316,7 @@ pub(crate) async fn complete_batch_on<'e>(
          RETURNING o.idempotency_key, extract(epoch FROM now() - o.created_at)::float8, \
                    o.last_reason = $12 AND c.reason <> $12",
     )
+    .persistent(persistent)
     .bind(&b.keys)
     .bind(&b.expected)
     .bind(&b.attempts)

@@ -26,7 +26,7 @@ impl Journal {
         .bind(key.as_str())
         .bind(actor)
         .bind(format!("conflicting_payload {}", offered.as_str()))
-        .execute(&self.pool)
+        .execute(&self.db)
         .await?;
         Ok(())
     }

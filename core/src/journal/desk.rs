@@ -61,7 +61,7 @@ impl Journal {
         .bind(filter.older_than.map(|d| d.as_secs_f64()))
         .bind(filter.for_person)
         .bind(filter.limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 
@@ -77,7 +77,7 @@ impl Journal {
              WHERE r.resolved_at IS NULL AND ($1::text[] IS NULL OR coalesce(o.tenant, '') = ANY($1)) ORDER BY t",
         )
         .bind(allowed)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 }

@@ -11,7 +11,7 @@ impl Journal {
         Ok(
             sqlx::query_as(select_operations!("WHERE idempotency_key = $1"))
                 .bind(key.as_str())
-                .fetch_optional(&self.pool)
+                .fetch_optional(&self.db)
                 .await?,
         )
     }
@@ -27,7 +27,7 @@ impl Journal {
             "WHERE idempotency_key = $1"
         ))
         .bind(key.as_str())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.db)
         .await?)
     }
 
@@ -37,7 +37,7 @@ impl Journal {
             "WHERE workflow_id = $1 ORDER BY created_at, idempotency_key"
         ))
         .bind(workflow_id)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 
@@ -48,7 +48,7 @@ impl Journal {
             "SELECT idempotency_key, count(*) AS rows_per_key FROM agent_operations \
              GROUP BY idempotency_key HAVING count(*) > 1",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 
@@ -59,7 +59,7 @@ impl Journal {
                  provider_operation_id, at FROM operation_events WHERE idempotency_key = $1 ORDER BY id",
         )
         .bind(key.as_str())
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 }

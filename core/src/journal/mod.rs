@@ -51,7 +51,7 @@ use sqlx::PgPool;
 /// A handle on the journal (cheap to clone: it is a pool).
 #[derive(Debug, Clone)]
 pub struct Journal {
-    pool: PgPool,
+    db: crate::Db,
     data_keys: Option<std::sync::Arc<crate::sealing::DataKeys>>,
 }
 
@@ -59,8 +59,14 @@ impl Journal {
     /// A journal over a connected, migrated pool; payloads are stored in plain text
     /// unless [`Journal::with_data_keys`] gives it keys.
     pub fn new(pool: PgPool) -> Self {
+        Self::on(crate::Db::direct(pool))
+    }
+
+    /// A journal over `db`: Postgres directly or through a transaction pooler
+    /// ([`crate::pooler`]).
+    pub fn on(db: crate::Db) -> Self {
         Self {
-            pool,
+            db,
             data_keys: None,
         }
     }
@@ -85,8 +91,14 @@ impl Journal {
         op.envelope(self.data_keys())
     }
 
-    /// The pool (for health checks and tests).
+    /// The raw pool (tests, explicit transactions). A statement run on it bypasses pooler
+    /// mode: run statements on [`Journal::db`] instead ([`crate::pooler`]).
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.db.pool()
+    }
+
+    /// What its statements run on (directly, or through a pooler).
+    pub fn db(&self) -> &crate::Db {
+        &self.db
     }
 }

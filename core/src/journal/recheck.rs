@@ -94,7 +94,7 @@ impl Journal {
         ))
         .bind(check_lease.as_secs_f64())
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?;
         let keys: Vec<String> = reviews.iter().map(|r| r.idempotency_key.clone()).collect();
         let mut ops = self.get_many_by_text(&keys).await?;
@@ -126,7 +126,7 @@ impl Journal {
         .bind(seen.0)
         .bind(seen.1)
         .bind(next_in.map(|d| d.as_secs_f64()))
-        .execute(&self.pool)
+        .execute(&self.db)
         .await?
         .rows_affected();
         Ok(n == 1)
@@ -143,12 +143,13 @@ impl Journal {
         c: &Completion,
         actor: &str,
     ) -> Result<bool, JournalError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.db.pool().begin().await?;
         let open = sqlx::query(concat!(
             "UPDATE operation_reviews SET ",
             append_lookup!(),
             " WHERE id = $1 AND resolved_at IS NULL"
         ))
+        .persistent(false)
         .bind(review_id)
         .bind(seen.0)
         .bind(seen.1)
@@ -157,7 +158,7 @@ impl Journal {
         .rows_affected()
             == 1;
         let moved = open
-            && complete_batch_on(&mut *tx, std::slice::from_ref(c), actor)
+            && complete_batch_on(&mut *tx, std::slice::from_ref(c), actor, false)
                 .await?
                 .first()
                 .is_some_and(|a| a.is_applied());
@@ -184,7 +185,7 @@ impl Journal {
              RETURNING r.idempotency_key, r.reason, r.resolution",
         )
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 
@@ -199,7 +200,7 @@ impl Journal {
                         AS oldest_for_lookup_secs \
              FROM operation_reviews WHERE resolved_at IS NULL",
         )
-        .fetch_one(&self.pool)
+        .fetch_one(&self.db)
         .await?)
     }
 }

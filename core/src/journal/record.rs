@@ -127,7 +127,7 @@ impl Journal {
              RETURNING idempotency_key",
         ), cols)
         .bind(actor)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?;
         Ok(inserted
             .iter()
@@ -209,7 +209,7 @@ impl Journal {
             .bind(&cols.revisions)
             .bind(&cols.action_types)
             .bind(&cols.tenants)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.db)
             .await?;
         let mut out = HashMap::with_capacity(rows.len());
         for row in rows {
@@ -231,7 +231,7 @@ impl Journal {
         let rows: Vec<Operation> =
             sqlx::query_as(select_operations!("WHERE idempotency_key = ANY($1)"))
                 .bind(keys)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.db)
                 .await?;
         Ok(rows
             .into_iter()
@@ -253,7 +253,7 @@ impl Journal {
             "WHERE idempotency_key = ANY($1)"
         ))
         .bind(keys)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?;
         Ok(rows
             .into_iter()

@@ -215,6 +215,8 @@ pub(crate) async fn settle_unknown(
     } else {
         TO_TERMINAL
     })
+    // Always in an explicit transaction: unnamed (crate::pooler).
+    .persistent(false)
     .bind(key.as_str())
     .bind(attempt)
     .bind(to)
@@ -260,7 +262,7 @@ impl Journal {
         .bind(answer)
         .bind(code.flatten())
         .bind(review.recheck_in.map(|d| d.as_secs_f64()))
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.db)
         .await?;
         Ok(opened.is_some())
     }
@@ -273,7 +275,7 @@ impl Journal {
             " FROM operation_reviews WHERE $1 OR resolved_at IS NULL ORDER BY id"
         ))
         .bind(all)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 
@@ -285,7 +287,7 @@ impl Journal {
             " FROM operation_reviews WHERE idempotency_key = $1 ORDER BY id"
         ))
         .bind(key.as_str())
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 
@@ -297,8 +299,9 @@ impl Journal {
         by: &str,
         note: Option<&str>,
     ) -> Result<Operation, ResolveError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.db.pool().begin().await?;
         let review: Option<i64> = sqlx::query_scalar("SELECT id FROM operation_reviews WHERE idempotency_key = $1 AND resolved_at IS NULL FOR UPDATE")
+            .persistent(false)
             .bind(key.as_str())
             .fetch_optional(&mut *tx)
             .await?;
@@ -306,6 +309,7 @@ impl Journal {
             return Err(ResolveError::NoOpenReview(key.to_string()));
         };
         let (status, attempt): (String, i32) = sqlx::query_as("SELECT status, attempt_count FROM agent_operations WHERE idempotency_key = $1 FOR UPDATE")
+            .persistent(false)
             .bind(key.as_str())
             .fetch_one(&mut *tx)
             .await?;
@@ -334,6 +338,7 @@ impl Journal {
         };
         settle_unknown(&mut tx, key, attempt, &settle, &actor).await?;
         sqlx::query("UPDATE operation_reviews SET resolution = $2, resolved_by = $3, resolved_at = now(), note = $4, recheck_at = NULL WHERE id = $1")
+            .persistent(false)
             .bind(review)
             .bind(resolution.name())
             .bind(by)
@@ -356,11 +361,12 @@ impl Journal {
     ) -> Result<u64, JournalError> {
         let actions: Vec<String> = cutoffs.iter().map(|(a, _)| a.clone()).collect();
         let secs: Vec<f64> = cutoffs.iter().map(|(_, d)| d.as_secs_f64()).collect();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.db.pool().begin().await?;
         let keys: Vec<String> = sqlx::query_scalar(
             "SELECT o.idempotency_key FROM agent_operations o JOIN unnest($1::text[], $2::float8[]) AS c(a, s) ON o.action_type = c.a \
              WHERE o.status IN ('succeeded', 'failed_final') AND o.updated_at < now() - make_interval(secs => c.s) FOR UPDATE OF o",
         )
+        .persistent(false)
         .bind(&actions)
         .bind(&secs)
         .fetch_all(&mut *tx)
@@ -369,17 +375,21 @@ impl Journal {
             return Ok(keys.len() as u64);
         }
         sqlx::query("SET LOCAL oncely.purge = 'on'")
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
         sqlx::query("DELETE FROM operation_events WHERE idempotency_key = ANY($1)")
+            .persistent(false)
             .bind(&keys)
             .execute(&mut *tx)
             .await?;
         sqlx::query("DELETE FROM operation_reviews WHERE idempotency_key = ANY($1)")
+            .persistent(false)
             .bind(&keys)
             .execute(&mut *tx)
             .await?;
         let n = sqlx::query("DELETE FROM agent_operations WHERE idempotency_key = ANY($1)")
+            .persistent(false)
             .bind(&keys)
             .execute(&mut *tx)
             .await?

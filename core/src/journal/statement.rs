@@ -91,7 +91,7 @@ impl Journal {
         .bind(keys)
         .bind(provider_ids)
         .bind(references)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?;
         rows.into_iter()
             .map(
@@ -139,7 +139,11 @@ impl Journal {
                 reason: "statement_failed",
             },
         };
-        let mut conn = self.pool.acquire().await?;
-        Ok(settle_unknown(&mut conn, key, attempt, &settle, actor).await?)
+        // A transaction of its own, so that a transaction pooler keeps one server for it
+        // (crate::pooler).
+        let mut tx = self.db().pool().begin().await?;
+        let moved = settle_unknown(&mut tx, key, attempt, &settle, actor).await?;
+        tx.commit().await?;
+        Ok(moved)
     }
 }

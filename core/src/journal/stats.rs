@@ -25,7 +25,7 @@ impl Journal {
         Ok(
             sqlx::query_scalar("SELECT count(*) FROM agent_operations WHERE status = $1")
                 .bind(status.as_str())
-                .fetch_one(&self.pool)
+                .fetch_one(&self.db)
                 .await?,
         )
     }
@@ -35,14 +35,14 @@ impl Journal {
         Ok(sqlx::query_as(
             "SELECT status, count(*) FROM agent_operations GROUP BY status ORDER BY status",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 
     /// The database's clock (`clock_timestamp()`), the clock every journal time is on.
     pub async fn clock(&self) -> Result<DateTime<Utc>, JournalError> {
         Ok(sqlx::query_scalar("SELECT clock_timestamp()")
-            .fetch_one(&self.pool)
+            .fetch_one(&self.db)
             .await?)
     }
 
@@ -50,7 +50,7 @@ impl Journal {
     pub async fn last_update(&self) -> Result<Option<DateTime<Utc>>, JournalError> {
         Ok(
             sqlx::query_scalar("SELECT max(updated_at) FROM agent_operations")
-                .fetch_one(&self.pool)
+                .fetch_one(&self.db)
                 .await?,
         )
     }
@@ -63,7 +63,7 @@ impl Journal {
                     (extract(epoch FROM updated_at - first_attempt_at) * 1000)::float8 \
              FROM agent_operations WHERE status = 'succeeded'",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?;
         let mut l = Latencies::default();
         for (total, to_claim, to_done) in rows {

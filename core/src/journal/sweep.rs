@@ -47,7 +47,7 @@ impl Journal {
         )
         .bind(limit)
         .bind(actor)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?;
         rows.into_iter()
             .map(|r| {
@@ -83,7 +83,7 @@ impl Journal {
         )
         .bind(after.as_secs_f64())
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?;
         Ok(self
             .get_many_by_text(&keys)
@@ -118,7 +118,7 @@ impl Journal {
         .bind(stale_after.as_secs_f64())
         .bind(check_lease.as_secs_f64())
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?;
         Ok(self
             .get_many_by_text(&keys)
@@ -144,7 +144,7 @@ impl Journal {
         )
         .bind(key.as_str())
         .bind(check_lease.as_secs_f64())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.db)
         .await?;
         match taken {
             Some(_) => self.get(key).await,
@@ -166,7 +166,7 @@ impl Journal {
         .bind(key.as_str())
         .bind(attempt)
         .bind(delay.as_secs_f64())
-        .execute(&self.pool)
+        .execute(&self.db)
         .await?
         .rows_affected();
         Ok(n == 1)
@@ -176,7 +176,7 @@ impl Journal {
     pub async fn status_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
         Ok(
             sqlx::query_as("SELECT status, count(*) FROM agent_operations GROUP BY status")
-                .fetch_all(&self.pool)
+                .fetch_all(&self.db)
                 .await?,
         )
     }
@@ -194,7 +194,7 @@ impl Journal {
         .bind(f.workflow_id.as_deref())
         .bind(f.older_than.map(|d| d.as_secs_f64()))
         .bind(f.limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.db)
         .await?)
     }
 }

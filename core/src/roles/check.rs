@@ -94,8 +94,8 @@ pub struct MigrateRefused {
 
 /// Fail with [`DbError::Grants`] unless the connected role holds everything `process`
 /// needs (on the tables that exist).
-pub async fn check_grants(
-    pool: &PgPool,
+pub async fn check_grants<'c>(
+    pool: impl sqlx::PgExecutor<'c>,
     process: Process,
     url_for_messages: &str,
 ) -> Result<(), DbError> {

@@ -70,14 +70,14 @@ impl Desk {
             &settings.database_url,
             &oncely_core::db::PoolSettings {
                 max_connections: 4,
-                ..Default::default()
+                ..oncely_core::db::PoolSettings::for_config(config)
             },
             Process::Desk,
         )
         .await
         .map_err(|e| anyhow::anyhow!("review desk: {e}"))?;
         Ok(Arc::new(Self {
-            journal: Journal::new(pool),
+            journal: Journal::on(pool),
             reviewers: settings.reviewers,
             sessions: settings.sessions,
             secure_cookie: settings.secure_cookie,

@@ -83,7 +83,8 @@ the sandbox's ground truth (duplicates, lost, unexpected, mismatches must all be
 
 USAGE: oncely-chaos [--seed N] [--intents N] [--min-kills N] [--duration-secs N]
                     [--heal-secs N] [--workers N] [--reconcilers N] [--nightly]
-                    [--no-broker-faults | --private-broker] [--secure] [--no-build] [--keep-logs]
+                    [--no-broker-faults | --private-broker] [--secure | --pooler] [--no-build]
+                    [--keep-logs]
                     [--self-test]
 
   --seed N            seed of every random choice (default: from the clock; printed)
@@ -101,6 +102,9 @@ USAGE: oncely-chaos [--seed N] [--intents N] [--min-kills N] [--duration-secs N]
                       Postgres (sslmode=verify-full) and a private RabbitMQ node on amqps://
                       with client certificates; every process on its own least-privilege
                       Postgres login and RabbitMQ user; payloads sealed (docs/security.md)
+  --pooler            every process and producer through a private pgbouncer in transaction
+                      pooling mode (10 server connections for the whole fleet;
+                      database_pooler = \"transaction\"; docs/scaling.md)
   --no-build          do not build the workers first (`cargo build -p oncely-worker`, and
                       the fail-point worker into target/failpoints)
   --keep-logs         keep the logs, schedule and report even when the run passes
@@ -150,6 +154,8 @@ pub struct Options {
     pub keep_logs: bool,
     /// Least-privilege logins and broker users for every process (a private broker).
     pub secure: bool,
+    /// Every process through a private pgbouncer (transaction pooling).
+    pub pooler: bool,
 }
 
 /// The command line as given, before defaults and limits.
@@ -168,6 +174,7 @@ struct Flags {
     self_test: bool,
     keep_logs: bool,
     secure: bool,
+    pooler: bool,
 }
 
 impl Default for Flags {
@@ -186,6 +193,7 @@ impl Default for Flags {
             self_test: false,
             keep_logs: false,
             secure: false,
+            pooler: false,
         }
     }
 }
@@ -218,6 +226,7 @@ impl Flags {
                 "--self-test" => f.self_test = true,
                 "--keep-logs" => f.keep_logs = true,
                 "--secure" => f.secure = true,
+                "--pooler" => f.pooler = true,
                 "-h" | "--help" => return Ok(None),
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -232,6 +241,9 @@ impl Flags {
         }
         if self.reconcilers < 2 {
             return Err("--reconcilers must be at least 2".into());
+        }
+        if self.secure && self.pooler {
+            return Err("--pooler runs on the machine's Postgres users: not with --secure".into());
         }
         let seed = self.seed.unwrap_or_else(|| {
             let nanos = std::time::SystemTime::now()
@@ -267,6 +279,7 @@ impl Flags {
             self_test: self.self_test,
             keep_logs: self.keep_logs,
             secure: self.secure,
+            pooler: self.pooler,
         })
     }
 }
@@ -351,6 +364,16 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         );
         fleet.least_privilege(private.as_ref()).await;
     }
+    let bouncer = if opts.pooler {
+        eprintln!(
+            "chaos: every process through a private pgbouncer (transaction pooling, 10 server connections)"
+        );
+        let b = crate::pgbouncer::Pgbouncer::start(&crate::server_url(), 10, &["postgres"]).await;
+        fleet.through_pooler(&b);
+        Some(b)
+    } else {
+        None
+    };
     let setup = wall.elapsed();
     let result = drive(&opts, &fleet, &bins, node.as_deref(), setup, wall).await;
     let outcome = match result {
@@ -362,6 +385,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         }
     };
     drop(fleet);
+    drop(bouncer);
     drop(private);
     drop(secure);
     Ok(outcome)

@@ -157,6 +157,19 @@ async fn migrate_creates_the_database_and_is_idempotent() {
         err.contains("127.0.0.1:1") && !err.contains(":pw@"),
         "{err}"
     );
+    // Never through a transaction pooler: its lock is a session advisory lock.
+    let (code, _, err) = run(
+        "oncely-worker",
+        &["migrate"],
+        &[
+            ("DATABASE_URL", url.as_str()),
+            ("ONCELY_DATABASE_POOLER", "transaction"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not through a transaction pooler"), "{err}");
 }
 
 /// Only `migrate` changes the schema. `run`, `reconcile` and `admin` on a database that

@@ -478,6 +478,7 @@ async fn an_unreachable_database_is_a_clear_error() {
         &oncely_core::db::PoolSettings {
             max_connections: 1,
             acquire_timeout: Duration::from_secs(2),
+            ..Default::default()
         },
     )
     .await

@@ -11,6 +11,7 @@ mod journal;
 mod logs;
 mod mcp;
 mod pipeline;
+mod pooler;
 mod python_client;
 mod reconcile;
 mod resilience;

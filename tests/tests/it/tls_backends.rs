@@ -57,6 +57,7 @@ async fn pg_connect(url: &str) -> Result<PgPool, DbError> {
         &PoolSettings {
             max_connections: 1,
             acquire_timeout: Duration::from_secs(20),
+            ..Default::default()
         },
     )
     .await
