@@ -37,6 +37,9 @@ pub enum DbError {
     /// `DATABASE_URL` is not a valid Postgres URL.
     #[error("DATABASE_URL is not a valid postgres:// URL: {0}")]
     BadUrl(String),
+    /// A multi-host URL none of whose hosts accepts writes (yet).
+    #[error("no host of {0} is a writable primary (each is down or a standby in recovery)")]
+    NoPrimary(String),
     /// The URL's TLS settings contradict each other or name a file that cannot be read:
     /// fix the URL (retrying will not help).
     #[error("DATABASE_URL's TLS settings for {target}: {problem}")]
@@ -104,6 +107,14 @@ pub enum DbError {
 
 /// `user@host:port/db` for messages: enough to find the server, no secret.
 pub fn describe(url: &str) -> String {
+    let hosts = split_hosts(url);
+    if hosts.len() > 1 {
+        return hosts
+            .iter()
+            .map(|u| describe(u))
+            .collect::<Vec<_>>()
+            .join(" | ");
+    }
     match PgConnectOptions::from_str(url) {
         Ok(o) => format!(
             "{}@{}:{}/{}",
@@ -359,8 +370,84 @@ impl PoolSettings {
     }
 }
 
-/// Connect a pool (the database must exist), after checking the URL's TLS settings.
+/// The URLs of a libpq-style multi-host URL, one per host, in order
+/// (`postgres://u@h1:5432,h2:5432/db?…` → `postgres://u@h1:5432/db?…`,
+/// `postgres://u@h2:5432/db?…`), without `target_session_attrs` (oncely always wants the
+/// writable one). A single-host URL comes back as it is.
+pub fn split_hosts(url: &str) -> Vec<String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return vec![url.to_owned()];
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => (&authority[..=i], &authority[i + 1..]),
+        None => ("", authority),
+    };
+    if !hosts.contains(',') {
+        return vec![url.to_owned()];
+    }
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let kept: Vec<&str> = query
+                .split('&')
+                .filter(|p| !p.is_empty() && !p.starts_with("target_session_attrs="))
+                .collect();
+            if kept.is_empty() {
+                path.to_owned()
+            } else {
+                format!("{path}?{}", kept.join("&"))
+            }
+        }
+        None => tail.to_owned(),
+    };
+    hosts
+        .split(',')
+        .map(|h| format!("{scheme}://{userinfo}{h}{tail}"))
+        .collect()
+}
+
+/// Whether the server of `conn` accepts writes (not a standby in recovery). Simple
+/// protocol: no prepared statement, so it is safe behind any pooler.
+async fn is_writable(conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
+    use sqlx::Row;
+    let rows = sqlx::raw_sql("SELECT pg_is_in_recovery()::text")
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows
+        .first()
+        .and_then(|r| r.try_get::<String, _>(0).ok())
+        .is_some_and(|v| v == "false"))
+}
+
+/// The first of `candidates` that accepts a connection and writes.
+async fn find_primary(candidates: &[(String, PgConnectOptions)]) -> Option<usize> {
+    use sqlx::ConnectOptions;
+    for (i, (_, opts)) in candidates.iter().enumerate() {
+        let probe = async {
+            let mut c = opts.connect().await.ok()?;
+            let writable = is_writable(&mut c).await.ok();
+            let _ = sqlx::Connection::close(c).await;
+            writable
+        };
+        if tokio::time::timeout(Duration::from_secs(3), probe).await == Ok(Some(true)) {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Connect a pool (the database must exist), after checking the URL's TLS settings. A
+/// multi-host URL ([`split_hosts`]: a primary and its standbys) connects to the one that
+/// accepts writes, refuses connections to a server in recovery, and follows a failover:
+/// a watcher checks the current server every second and, when it stops answering or
+/// turns read-only, points the pool at whichever host is writable now (docs/scaling.md,
+/// "Postgres failover").
 pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, DbError> {
+    let urls = split_hosts(url);
+    if urls.len() > 1 {
+        return connect_failover(url, urls, settings).await;
+    }
     let mut opts = check_tls_settings(url)?;
     if settings.pooler {
         opts = opts.statement_cache_capacity(0);
@@ -371,6 +458,82 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, DbErr
         .connect_with(opts)
         .await
         .map_err(|source| connect_error(url, source))
+}
+
+async fn connect_failover(
+    url: &str,
+    urls: Vec<String>,
+    settings: &PoolSettings,
+) -> Result<PgPool, DbError> {
+    let mut candidates = Vec::new();
+    for u in urls {
+        let mut opts = check_tls_settings(&u)?;
+        if settings.pooler {
+            opts = opts.statement_cache_capacity(0);
+        }
+        candidates.push((u, opts));
+    }
+    let Some(first) = find_primary(&candidates).await else {
+        return Err(DbError::NoPrimary(describe(url)));
+    };
+    let pool = PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
+        // A connection to a standby (an old primary back in recovery) is refused here, so
+        // the pool never hands one out.
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                if is_writable(conn).await? {
+                    Ok(())
+                } else {
+                    Err(sqlx::Error::Protocol(
+                        "this Postgres server is in recovery (a standby): not the primary".into(),
+                    ))
+                }
+            })
+        })
+        .connect_with(candidates[first].1.clone())
+        .await
+        .map_err(|source| connect_error(&candidates[first].0, source))?;
+    tracing::info!(primary = %describe(&candidates[first].0), hosts = candidates.len(), "Postgres: connected to the primary");
+    tokio::spawn(follow_failover(pool.clone(), candidates, first));
+    Ok(pool)
+}
+
+/// The failover watcher of a multi-host pool (see [`connect`]); ends with the pool.
+async fn follow_failover(
+    pool: PgPool,
+    candidates: Vec<(String, PgConnectOptions)>,
+    mut current: usize,
+) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if pool.is_closed() {
+            return;
+        }
+        let healthy = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut c = pool.acquire().await.ok()?;
+            is_writable(&mut c).await.ok()
+        })
+        .await;
+        if healthy == Ok(Some(true)) {
+            continue;
+        }
+        match find_primary(&candidates).await {
+            Some(i) if i != current => {
+                tracing::warn!(
+                    from = %describe(&candidates[current].0),
+                    to = %describe(&candidates[i].0),
+                    "Postgres failover: the primary moved; new connections go to the new one"
+                );
+                metrics::counter!(crate::metrics::DB_FAILOVERS).increment(1);
+                pool.set_connect_options(candidates[i].1.clone());
+                current = i;
+            }
+            Some(_) => {}
+            None => tracing::warn!("Postgres: no host of the URL accepts writes; looking again"),
+        }
+    }
 }
 
 /// Create the database named in `url` if it does not exist. Returns whether it created it.
@@ -550,6 +713,28 @@ pub async fn server_facts(pool: &PgPool) -> Result<(String, String), sqlx::Error
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multi_host_urls_split_into_one_url_per_host() {
+        assert_eq!(
+            split_hosts(
+                "postgres://u:pw@a:5432,b:5433/db?target_session_attrs=read-write&sslmode=verify-full"
+            ),
+            vec![
+                "postgres://u:pw@a:5432/db?sslmode=verify-full",
+                "postgres://u:pw@b:5433/db?sslmode=verify-full"
+            ]
+        );
+        assert_eq!(
+            split_hosts("postgres://a,b/db?target_session_attrs=read-write"),
+            vec!["postgres://a/db", "postgres://b/db"]
+        );
+        assert_eq!(
+            split_hosts("postgres://u@a:1/db"),
+            vec!["postgres://u@a:1/db"]
+        );
+        assert_eq!(describe("postgres://u@a:1,b:2/db"), "u@a:1/db | u@b:2/db");
+    }
 
     #[test]
     fn database_url_replaces_only_the_path() {

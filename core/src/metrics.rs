@@ -9,6 +9,9 @@ use std::net::SocketAddr;
 
 /// Intents recorded by producers, by `result` (enqueued, duplicate, conflict, failed).
 pub const INTENTS_ENQUEUED: &str = "oncely_intents_enqueued_total";
+/// Postgres failovers this process followed (a multi-host `DATABASE_URL` whose writable
+/// host changed).
+pub const DB_FAILOVERS: &str = "oncely_db_failovers_total";
 /// Deliveries by `action_type` and `verdict` (claimed, duplicate, in_flight, unknown, conflict, invalid, requeued).
 pub const DELIVERIES: &str = "oncely_deliveries_total";
 /// Messages dead-lettered as invalid, by `reason`.

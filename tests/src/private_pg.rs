@@ -86,6 +86,114 @@ impl PrivatePg {
         let dir = std::env::temp_dir().join(unique_name("oncely_pg"));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         chown_postgres(&dir);
+        Self::init(dir, tls).await
+    }
+
+    /// A primary whose commits wait for a synchronous standby once one is attached
+    /// ([`PrivatePg::start_replica`]): no TLS, replication connections trusted.
+    pub async fn start_primary() -> PrivatePg {
+        Self::start(PgTls::Off).await
+    }
+
+    /// A streaming replica of `primary` (`pg_basebackup -R`), started, and made its
+    /// synchronous standby: from now on a commit the primary acknowledges is on both.
+    pub async fn start_replica(primary: &PrivatePg) -> PrivatePg {
+        let dir = std::env::temp_dir().join(unique_name("oncely_pg_replica"));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        chown_postgres(&dir);
+        let data = dir.join("data");
+        check(
+            "pg_basebackup",
+            run_as_postgres("pg_basebackup")
+                .arg("-D")
+                .arg(&data)
+                .args(["-h", "127.0.0.1", "-U", "postgres", "-R", "-X", "stream"])
+                .args(["--no-sync", "--checkpoint=fast", "-p"])
+                .arg(primary.port.to_string()),
+        )
+        .await;
+        let port = crate::free_port();
+        let mut conf = std::fs::read_to_string(data.join("postgresql.conf"))
+            .unwrap_or_else(|e| panic!("postgresql.conf: {e}"));
+        conf.push_str(&format!(
+            "\n# oncely test replica\nport = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n",
+            dir.display()
+        ));
+        std::fs::write(data.join("postgresql.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
+        chown_postgres(&dir);
+        let replica = PrivatePg { dir, port };
+        check(
+            "pg_ctl start (replica)",
+            run_as_postgres("pg_ctl")
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(replica.log())
+                .args(["-w", "-t", "120", "start"]),
+        )
+        .await;
+        // Synchronous from now on (postgresql.auto.conf of the primary only: a promoted
+        // replica must not wait for a standby it does not have).
+        let mut c =
+            <sqlx::PgConnection as sqlx::Connection>::connect(&primary.url("127.0.0.1", ""))
+                .await
+                .unwrap_or_else(|e| panic!("primary: {e}"));
+        // Two statements: ALTER SYSTEM refuses to run in a (multi-statement) transaction.
+        // The test clusters' base config has synchronous_commit = off (they are never
+        // crashed): a primary whose commits must be on the standby turns it back on.
+        for sql in [
+            "ALTER SYSTEM SET synchronous_standby_names = '*'",
+            "ALTER SYSTEM SET synchronous_commit = 'on'",
+            "SELECT pg_reload_conf()",
+        ] {
+            sqlx::raw_sql(sql)
+                .execute(&mut c)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        crate::eventually("the replica to be the synchronous standby", std::time::Duration::from_secs(60), || {
+            let url = primary.url("127.0.0.1", "");
+            async move {
+                let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.ok()?;
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync' AND state = 'streaming'",
+                )
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+                (n == 1).then_some(())
+            }
+        })
+        .await;
+        replica
+    }
+
+    /// Crash it: `pg_ctl stop -m immediate` (every server process quits at once, no
+    /// shutdown checkpoint).
+    pub async fn kill(&self) {
+        check(
+            "pg_ctl stop -m immediate",
+            run_as_postgres("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-m", "immediate", "-w", "stop"]),
+        )
+        .await;
+    }
+
+    /// Promote a standby to primary and wait until it accepts writes.
+    pub async fn promote(&self) {
+        check(
+            "pg_ctl promote",
+            run_as_postgres("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-w", "-t", "60", "promote"]),
+        )
+        .await;
+    }
+
+    async fn init(dir: PathBuf, tls: PgTls<'_>) -> PrivatePg {
         let data = dir.join("data");
         check(
             "initdb",
@@ -106,7 +214,8 @@ impl PrivatePg {
         let (ssl, hba) = match tls {
             PgTls::Off => (
                 "ssl = off\n".to_owned(),
-                "local all all trust\nhost all all 127.0.0.1/32 trust\n",
+                "local all all trust\nhost all all 127.0.0.1/32 trust\n\
+                 local replication all trust\nhost replication all 127.0.0.1/32 trust\n",
             ),
             PgTls::On { ca, names } | PgTls::ClientCert { ca, names } => {
                 let (cert, key) = ca.server_pem(names);

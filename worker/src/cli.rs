@@ -226,6 +226,11 @@ async fn migrate(
              ONCELY_DATABASE_POOLER=none (docs/scaling.md)"
         );
     }
+    if db::split_hosts(url).len() > 1 {
+        anyhow::bail!(
+            "migrate takes the primary's URL (one host), not a multi-host failover URL: set DATABASE_URL to the primary"
+        );
+    }
     let one = PoolSettings {
         max_connections: 1,
         ..PoolSettings::default()

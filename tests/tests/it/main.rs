@@ -5,6 +5,7 @@ mod admin;
 mod cli;
 mod dashboards;
 mod desk;
+mod failover;
 mod gateway;
 mod https;
 mod journal;
