@@ -376,7 +376,9 @@ mod tests {
     #[test]
     fn bad_broker_urls_are_refused_with_the_field_named() {
         let two = "urls = [\"amqp://a/%2f\", \"amqp://b/%2f\"]\n";
-        let cases: Vec<(String, Vec<(&str, &str)>, &str, &str)> = vec![
+        // (file, env, field named, problem said)
+        type Case<'a> = (String, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+        let cases: Vec<Case<'_>> = vec![
             (
                 format!("[broker]\nurl = \"amqp://x/%2f\"\n{two}"),
                 vec![],

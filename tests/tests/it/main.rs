@@ -3,6 +3,7 @@
 
 mod admin;
 mod cli;
+mod cluster;
 mod dashboards;
 mod desk;
 mod gateway;
