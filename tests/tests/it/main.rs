@@ -14,6 +14,7 @@ mod mcp;
 mod pipeline;
 mod pooler;
 mod python_client;
+mod quorum_541;
 mod reconcile;
 mod resilience;
 mod roles;
