@@ -2,7 +2,7 @@
 //! quorum queue can come back with that queue unusable — declaring it again succeeds,
 //! but getting from or consuming it closes the connection with `541 INTERNAL_ERROR`
 //! (`Cannot get a message from queue …: {timeout, …}`), and it stays so across further
-//! restarts. The operator's procedure (docs/operations.md, "A quorum queue answers 541")
+//! restarts; `basic.consume` on it gets no answer at all (printed, not asserted). The operator's procedure (docs/operations.md, "A quorum queue answers 541")
 //! deletes the queue and lets the fleet declare it again; Postgres re-drives what it held.
 
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
@@ -56,6 +56,23 @@ async fn a_quorum_queue_that_answers_541_after_a_sigkill_works_again_once_delete
         Err(e) => {
             assert!(is_541(&e), "only a 541 is expected here: {e:?}");
             eprintln!("reproduced: {e}");
+            // What a worker sees: consuming the queue (no answer within 60 s, seen on
+            // 3.10.8; printed for the record, the procedure below is what is asserted).
+            let conn = oncely_core::topology::connect(&config, "oncely-test-541")
+                .await
+                .expect("connect");
+            let ch = conn.create_channel().await.expect("channel");
+            let consumed = tokio::time::timeout(
+                Duration::from_secs(60),
+                ch.basic_consume(
+                    queue.into(),
+                    "probe".into(),
+                    lapin::options::BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                ),
+            )
+            .await;
+            eprintln!("basic.consume on the unusable queue: {consumed:?}");
             // The procedure: delete the queue (what it held is re-driven from Postgres),
             // and let the fleet declare it again.
             let conn = oncely_core::topology::connect(&config, "oncely-test-541")
