@@ -90,3 +90,97 @@ async fn a_quorum_queue_that_answers_541_after_a_sigkill_works_again_once_delete
         }
     }
 }
+
+/// The fleet's own action queue, declared afresh and its node SIGKILLed 200 ms later,
+/// with 60 intents recorded whose messages that queue no longer holds. If the queue came
+/// back unusable (541 on get, no answer to consume), the worker says so in an error log
+/// naming the queue and the procedure; the procedure (delete the queue) is applied; in
+/// every case Postgres re-drives the work: all 60 operations succeed, one effect per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_names_an_unusable_queue_and_postgres_re_drives_its_work() {
+    use crate::resilience::{assert_exactly_once, connect_producer, enqueue, intent};
+    use oncely_tests::eventually;
+    use oncely_tests::fleet::{FAST_RECONCILER, Fleet, FleetOptions};
+
+    let broker = PrivateBroker::start().await;
+    let fleet = Fleet::with(FleetOptions {
+        amqp_url: Some(broker.url()),
+        reconciler: Some(FAST_RECONCILER),
+        ..FleetOptions::default()
+    })
+    .await;
+    let producer = connect_producer(&fleet).await;
+    enqueue(&producer, (0..60).map(intent).collect()).await;
+    drop(producer);
+    // Replace the email queue (its 20 messages go; their rows stay `planned`), then
+    // SIGKILL the node 200 ms after declaring it.
+    let topology = fleet.topology();
+    let queue = topology.action_queue("email.send");
+    let conn = oncely_core::topology::connect(&fleet.config.broker, "oncely-test-541")
+        .await
+        .expect("connect");
+    let ch = conn.create_channel().await.expect("channel");
+    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .expect("delete");
+    let actions: Vec<&str> = fleet.config.actions.keys().map(String::as_str).collect();
+    topology.declare(&ch, &actions).await.expect("declare");
+    tokio::time::sleep(Duration::from_millis(200)).await; // the fault's timing, not a wait
+    broker.kill().await;
+    drop(conn);
+    broker.boot().await;
+
+    let worker = fleet.worker();
+    let _reconciler = fleet.reconciler();
+    // Until the work is done: every queue the worker names unusable gets the procedure
+    // (delete it; the fleet declares it again at its next session). Which queues break is
+    // the broker's business (seen: the one declared last, and others written to shortly
+    // before the kill).
+    let mut queues: Vec<String> = actions.iter().map(|t| topology.action_queue(t)).collect();
+    queues.push(topology.reconcile_queue());
+    let mut deleted: Vec<String> = Vec::new();
+    eventually("the work done, unusable queues deleted", DEADLINE, || {
+        let log = worker.logs();
+        let named: Vec<String> = queues
+            .iter()
+            .filter(|q| !deleted.contains(q))
+            .filter(|q| {
+                log.lines().any(|l| {
+                    l.contains(&format!("queue {q} is unusable on the broker"))
+                        && l.contains("\"level\":\"ERROR\"")
+                        && l.contains("A quorum queue answers 541 after a crash")
+                })
+            })
+            .cloned()
+            .collect();
+        let pool = fleet.db.pool.clone();
+        let config = fleet.config.broker.clone();
+        let newly = named.clone();
+        deleted.extend(named);
+        async move {
+            for q in &newly {
+                eprintln!("the worker names {q} unusable: deleting it");
+                let conn = oncely_core::topology::connect(&config, "oncely-test-541")
+                    .await
+                    .ok()?;
+                let ch = conn.create_channel().await.ok()?;
+                ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                    .await
+                    .expect("deleting the unusable queue");
+            }
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM agent_operations WHERE status = 'succeeded'",
+            )
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+            (done == 60).then_some(())
+        }
+    })
+    .await;
+    eprintln!("queues found unusable and deleted: {deleted:?}");
+    assert_exactly_once(&fleet, 60).await;
+}
+
+/// Liveness deadline (not a speed target): a consume gets 30 s before it is called unusable.
+const DEADLINE: Duration = Duration::from_secs(240);
