@@ -20,7 +20,9 @@
 //! directories): a quorum queue declared about a second before a SIGKILL of the node can
 //! come back unusable (`541 INTERNAL_ERROR`, leader not known; measured on RabbitMQ
 //! 3.10.8), and a test should declare its queues well before a
-//! restart anyway. Dropping the broker stops the node and removes its directory.
+//! restart anyway ([`PrivateBroker::kill`] is there for tests of exactly that, and for
+//! [`crate::private_cluster`]). Dropping the broker stops the node and removes its
+//! directory.
 //!
 //! With [`PrivateBroker::start_tls`] the node also listens for `amqps://` on a port of
 //! its own (`listeners.ssl.default`), presenting a certificate signed by the test's CA,
