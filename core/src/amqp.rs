@@ -12,13 +12,27 @@
 //! not answer in TLS is an error), and [`BrokerConfig::validate`] refuses TLS files with
 //! an `amqp://` URL. Errors name the broker (`user@host:port/vhost`, never the password)
 //! and, for TLS, say what is wrong in words ([`TlsFailure`]).
+//!
+//! A cluster (`broker.urls`): every connect tries the nodes in turn, starting with the
+//! one that answered last (a process picks a random first node, so a fleet spreads over
+//! the cluster), each with [`CONNECT_TIMEOUT`]; the error when none answers names every
+//! node tried and why. Queues are quorum queues replicated on every node, so any node
+//! serves them.
 
 use crate::config::{BrokerConfig, ConfigError};
 use crate::tls::{self, TlsFailure};
 use crate::topology::describe_amqp;
 use lapin::tcp::{AMQPUriTcpExt as _, RustlsConnector};
 use lapin::uri::{AMQPScheme, AMQPUri};
+use std::hash::{BuildHasher as _, Hasher as _};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// How long one node may take to accept a connection (TCP, TLS and the AMQP handshake)
+/// before the next is tried: a node that is down but not refusing (a dropped route) must
+/// not stall a failover for the kernel's TCP timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Why a connection to RabbitMQ could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +56,24 @@ pub enum AmqpError {
         /// lapin's error.
         source: lapin::Error,
     },
+    /// The node did not complete the connection within [`CONNECT_TIMEOUT`].
+    #[error("cannot connect to RabbitMQ at {target}: no answer within {}s", .after.as_secs())]
+    Timeout {
+        /// `user@host:port/vhost`, without password.
+        target: String,
+        /// How long we waited.
+        after: Duration,
+    },
+    /// None of the nodes of `broker.urls` could be connected to.
+    #[error(
+        "cannot connect to any of the {} RabbitMQ nodes of broker.urls (tried in this order): {}",
+        .tried.len(),
+        .tried.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    AllNodes {
+        /// Each node's error, in the order they were tried.
+        tried: Vec<AmqpError>,
+    },
 }
 
 impl AmqpError {
@@ -50,6 +82,7 @@ impl AmqpError {
     pub fn lapin(&self) -> Option<&lapin::Error> {
         match self {
             Self::Connect { source, .. } => Some(source),
+            Self::AllNodes { tried } => tried.last().and_then(Self::lapin),
             _ => None,
         }
     }
@@ -75,13 +108,23 @@ fn amqp_hint(failure: &TlsFailure) -> &'static str {
     }
 }
 
-/// A parsed broker URL with its TLS settings loaded: build one at start (bad files fail
-/// there), connect as often as needed.
+/// The parsed broker URLs (one per node) with their TLS settings loaded: build one at
+/// start (bad files fail there), connect as often as needed. Clones share the node that
+/// answered last.
 #[derive(Clone)]
 pub struct AmqpConnector {
-    uri: AMQPUri,
+    nodes: Vec<Node>,
     target: String,
     tls: Option<RustlsConnector>,
+    /// The node to try first: the one that answered last.
+    next: Arc<AtomicUsize>,
+}
+
+/// One node of the cluster (or the only one).
+#[derive(Clone)]
+struct Node {
+    uri: AMQPUri,
+    target: String,
 }
 
 impl std::fmt::Debug for AmqpConnector {
@@ -101,24 +144,53 @@ impl AmqpConnector {
             field: field.into(),
             problem,
         };
-        let uri: AMQPUri = broker
-            .url
-            .parse()
-            .map_err(|e: String| field_error("broker.url", format!("not an AMQP URL: {e}")))?;
-        let tls = match uri.scheme {
+        let field = broker.urls_field();
+        let urls = broker.node_urls();
+        let mut nodes = Vec::with_capacity(urls.len());
+        for (i, url) in urls.iter().enumerate() {
+            let uri: AMQPUri = url.parse().map_err(|e: String| {
+                let which = if urls.len() > 1 {
+                    format!("URL {} is ", i + 1)
+                } else {
+                    String::new()
+                };
+                field_error(field, format!("{which}not an AMQP URL: {e}"))
+            })?;
+            nodes.push(Node {
+                uri,
+                target: describe_amqp(url),
+            });
+        }
+        // `validate` made every scheme the same.
+        let tls = match nodes[0].uri.scheme {
             AMQPScheme::AMQP => None,
             AMQPScheme::AMQPS => Some(client_config(broker, &field_error)?),
         };
+        // A random first node per process, so that a fleet spreads over the cluster.
+        let start = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish() as usize
+            % nodes.len();
         Ok(Self {
-            target: describe_amqp(&broker.url),
-            uri,
+            target: nodes
+                .iter()
+                .map(|n| n.target.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            nodes,
             tls,
+            next: Arc::new(AtomicUsize::new(start)),
         })
     }
 
-    /// `user@host:port/vhost`, for messages.
+    /// `user@host:port/vhost` (of every node, comma-separated), for messages.
     pub fn target(&self) -> &str {
         &self.target
+    }
+
+    /// How many nodes there are to try.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
     }
 
     /// Whether connections are TLS (`amqps://`).
@@ -128,15 +200,56 @@ impl AmqpConnector {
 
     /// Connect, naming the connection after this process (visible in the management UI
     /// and in `rabbitmqctl list_connections`).
+    ///
+    /// With several nodes, they are tried in turn from the one that answered last; the
+    /// error names every node and why it failed.
     pub async fn connect(&self, name: &str) -> Result<lapin::Connection, AmqpError> {
+        let n = self.nodes.len();
+        let start = self.next.load(Ordering::Relaxed) % n;
+        let mut tried = Vec::new();
+        for k in 0..n {
+            let i = (start + k) % n;
+            let node = &self.nodes[i];
+            let attempt = tokio::time::timeout(CONNECT_TIMEOUT, self.connect_node(node, name));
+            let result = match attempt.await {
+                Ok(result) => result,
+                Err(_) => Err(AmqpError::Timeout {
+                    target: node.target.clone(),
+                    after: CONNECT_TIMEOUT,
+                }),
+            };
+            match result {
+                Ok(conn) => {
+                    self.next.store(i, Ordering::Relaxed);
+                    if !tried.is_empty() {
+                        tracing::warn!(
+                            node = %node.target,
+                            failed = %tried.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+                            "connected to another RabbitMQ node of broker.urls"
+                        );
+                    }
+                    return Ok(conn);
+                }
+                // A settings problem is the same on every node.
+                Err(e @ AmqpError::Config(_)) => return Err(e),
+                Err(e) => tried.push(e),
+            }
+        }
+        if n == 1 {
+            return Err(tried.pop().expect("one node tried"));
+        }
+        Err(AmqpError::AllNodes { tried })
+    }
+
+    async fn connect_node(&self, node: &Node, name: &str) -> Result<lapin::Connection, AmqpError> {
         let props = lapin::ConnectionProperties::default().with_connection_name(name.into());
         let runtime = lapin::runtime::default_runtime().map_err(|source| AmqpError::Connect {
-            target: self.target.clone(),
+            target: node.target.clone(),
             source,
         })?;
         let tls = self.tls.clone();
         let connected = lapin::Connection::connector(
-            self.uri.clone(),
+            node.uri.clone(),
             runtime,
             async move |uri: AMQPUri, runtime| {
                 // lapin's TCP connect (DNS, socket), then our TLS step for amqps://.
@@ -160,10 +273,10 @@ impl AmqpConnector {
             props,
         )
         .await;
-        connected.map_err(|source| self.classify(source))
+        connected.map_err(|source| self.classify(node, source))
     }
 
-    fn classify(&self, source: lapin::Error) -> AmqpError {
+    fn classify(&self, node: &Node, source: lapin::Error) -> AmqpError {
         let tls_failure = match source.kind() {
             lapin::ErrorKind::IOError(io) if self.is_tls() => {
                 // lapin only returns from `connect` once the AMQP handshake is done, so an
@@ -174,11 +287,11 @@ impl AmqpConnector {
         };
         match tls_failure {
             Some(failure) => AmqpError::Tls {
-                target: self.target.clone(),
+                target: node.target.clone(),
                 failure,
             },
             None => AmqpError::Connect {
-                target: self.target.clone(),
+                target: node.target.clone(),
                 source,
             },
         }
@@ -288,5 +401,54 @@ mod tests {
         .expect("plain");
         assert!(!c.is_tls());
         assert_eq!(c.target(), "u@mq.example:5672//");
+    }
+
+    /// Three local ports nothing listens on (bound, then released).
+    fn closed_ports() -> Vec<u16> {
+        let listeners: Vec<_> = (0..3)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+            .collect();
+        listeners
+            .iter()
+            .map(|l| l.local_addr().expect("addr").port())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn with_no_node_answering_the_error_names_every_node_and_no_password() {
+        let ports = closed_ports();
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|p| format!("amqp://u:secret@127.0.0.1:{p}/%2f"))
+            .collect();
+        let config = BrokerConfig {
+            urls,
+            ..BrokerConfig::default()
+        };
+        let c = AmqpConnector::new(&config).expect("connector");
+        assert_eq!(c.node_count(), 3);
+        let err = c.connect("test").await.expect_err("nothing listens");
+        let AmqpError::AllNodes { tried } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(tried.len(), 3);
+        let text = err.to_string();
+        for p in &ports {
+            assert!(text.contains(&format!("u@127.0.0.1:{p}//")), "{text}");
+        }
+        assert!(text.contains("broker.urls"), "{text}");
+        assert!(!text.contains("secret"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_single_url_keeps_its_own_error() {
+        let port = closed_ports()[0];
+        let c = AmqpConnector::new(&BrokerConfig::at(&format!(
+            "amqp://u:secret@127.0.0.1:{port}/%2f"
+        )))
+        .expect("connector");
+        let err = c.connect("test").await.expect_err("nothing listens");
+        assert!(matches!(err, AmqpError::Connect { .. }), "{err:?}");
+        assert!(!err.to_string().contains("secret"), "{err}");
     }
 }

@@ -55,6 +55,9 @@ pub const TIME_TO_TERMINAL_SECONDS: &str = "oncely_time_to_terminal_seconds";
 pub const OPERATIONS: &str = "oncely_operations";
 /// Connection (re)establishments, by `kind` (amqp) and `result`.
 pub const CONNECTIONS: &str = "oncely_connections_total";
+/// Consumes of a queue that got no answer within the deadline or a `541 INTERNAL_ERROR`
+/// (a quorum queue whose leader is lost, docs/operations.md), by `queue`.
+pub const QUEUE_UNUSABLE: &str = "oncely_queue_unusable_total";
 
 /// Gateway requests, by `route`, `method` and `status`.
 pub const GATEWAY_REQUESTS: &str = "oncely_gateway_requests_total";

@@ -141,6 +141,9 @@ pub struct FleetOptions {
     pub configure: Option<fn(&mut Config)>,
     /// The broker (default: the machine's, [`amqp_url`]); a private node for restart tests.
     pub amqp_url: Option<String>,
+    /// A cluster's nodes (`broker.urls`), instead of [`FleetOptions::amqp_url`]:
+    /// [`crate::private_cluster::PrivateCluster::urls`].
+    pub amqp_urls: Vec<String>,
     /// `[broker.tls]` of every process (with an `amqps://` [`FleetOptions::amqp_url`]).
     pub broker_tls: BrokerTls,
     /// The Postgres server the fleet's database is created on (default: the machine's,
@@ -166,6 +169,7 @@ impl Default for FleetOptions {
             reconciler: None,
             configure: None,
             amqp_url: None,
+            amqp_urls: Vec::new(),
             broker_tls: BrokerTls::default(),
             database_server: None,
             tls: &[],
@@ -193,6 +197,10 @@ impl FleetOptions {
         let mut config = Config::builtin().unwrap_or_else(|e| panic!("built-in config: {e}"));
         config.database_url = database_url.to_owned();
         config.broker.url = amqp_url.to_owned();
+        if !self.amqp_urls.is_empty() {
+            config.broker.url = oncely_core::config::BrokerConfig::default().url;
+            config.broker.urls = self.amqp_urls.clone();
+        }
         config.broker.prefix = prefix.to_owned();
         config.broker.tls = self.broker_tls.clone();
         config.worker = WorkerConfig {

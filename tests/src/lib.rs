@@ -155,6 +155,7 @@ pub mod localstripe;
 pub mod mail;
 pub mod pgbouncer;
 pub mod private_broker;
+pub mod private_cluster;
 pub mod private_pg;
 pub mod proxy;
 pub mod roles;

@@ -20,7 +20,9 @@
 //! directories): a quorum queue declared about a second before a SIGKILL of the node can
 //! come back unusable (`541 INTERNAL_ERROR`, leader not known; measured on RabbitMQ
 //! 3.10.8), and a test should declare its queues well before a
-//! restart anyway. Dropping the broker stops the node and removes its directory.
+//! restart anyway ([`PrivateBroker::kill`] is there for tests of exactly that, and for
+//! [`crate::private_cluster`]). Dropping the broker stops the node and removes its
+//! directory.
 //!
 //! With [`PrivateBroker::start_tls`] the node also listens for `amqps://` on a port of
 //! its own (`listeners.ssl.default`), presenting a certificate signed by the test's CA,
@@ -335,6 +337,47 @@ impl PrivateBroker {
         self.dir.join("pid")
     }
 
+    /// The pid of the node's Erlang VM, if its pid file names a live process that is this
+    /// node's VM (checked in its environment).
+    fn vm_pid(&self) -> Option<u32> {
+        let pid = std::fs::read_to_string(self.pid_file())
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())?;
+        let ours = std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+            env.split(|b| *b == 0)
+                .any(|var| var == format!("RABBITMQ_NODENAME={}", self.node).as_bytes())
+        });
+        ours.then_some(pid)
+    }
+
+    /// End the node's VM with SIGKILL (no goodbye to clients or peers) and wait until its
+    /// port refuses connections. [`PrivateBroker::boot`] starts it again on its data.
+    pub async fn kill(&self) {
+        let pid = self.vm_pid().unwrap_or_else(|| {
+            panic!("{} is not running (no live pid in its pid file)", self.node)
+        });
+        let status = StdCommand::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("kill: {e}"));
+        assert!(status.success(), "kill -KILL {pid} ({})", self.node);
+        let port = self.port;
+        eventually(
+            &format!("{} to be gone after SIGKILL", self.node),
+            STOP_DEADLINE,
+            || async move {
+                let gone = !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                    || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .is_ok_and(|s| s.contains(") Z "));
+                let refused = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_err();
+                (gone && refused).then_some(())
+            },
+        )
+        .await;
+    }
+
     fn server_env(&self, mut cmd: Command) -> Command {
         let d = &self.dir;
         cmd.env("RABBITMQ_NODENAME", &self.node)
@@ -352,10 +395,20 @@ impl PrivateBroker {
         cmd
     }
 
-    async fn ctl(&self, args: &[&str]) -> std::process::Output {
+    /// Run `rabbitmqctl -q -n <node> ARGS` (on a CLI distribution port of its own).
+    pub async fn ctl(&self, args: &[&str]) -> std::process::Output {
+        self.cli("rabbitmqctl", args).await
+    }
+
+    /// Run `rabbitmq-queues -q -n <node> ARGS`.
+    pub async fn queues_ctl(&self, args: &[&str]) -> std::process::Output {
+        self.cli("rabbitmq-queues", args).await
+    }
+
+    async fn cli(&self, program: &str, args: &[&str]) -> std::process::Output {
         let [cli_port] = free_ports::<1>();
         let cli_port = cli_port.to_string();
-        Command::new("rabbitmqctl")
+        Command::new(program)
             .env("RABBITMQ_CTL_DIST_PORT_MIN", &cli_port)
             .env("RABBITMQ_CTL_DIST_PORT_MAX", &cli_port)
             .arg("-q")
@@ -365,7 +418,7 @@ impl PrivateBroker {
             .stdin(std::process::Stdio::null())
             .output()
             .await
-            .unwrap_or_else(|e| panic!("rabbitmqctl: {e}"))
+            .unwrap_or_else(|e| panic!("{program}: {e}"))
     }
 }
 
@@ -403,14 +456,7 @@ impl Drop for PrivateBroker {
             .status();
         // If the node did not answer (hung, or half-booted), end its VM by its own pid
         // (checked to still be this node's VM).
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-            && std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
-                env.split(|b| *b == 0)
-                    .any(|var| var == format!("RABBITMQ_NODENAME={}", self.node).as_bytes())
-            })
-        {
+        if let Some(pid) = self.vm_pid() {
             let _ = StdCommand::new("kill")
                 .args(["-KILL", &pid.to_string()])
                 .status();

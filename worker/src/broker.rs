@@ -13,6 +13,16 @@ use lapin::{Channel, Connection, Consumer};
 use oncely_core::metrics as m;
 use oncely_core::publish::Publisher;
 
+/// How long a `basic.consume` may go unanswered: on RabbitMQ 3.10 a quorum queue whose
+/// leader was lost in a crash never answers it (docs/operations.md), and a worker waiting
+/// forever would look healthy while its queue fills.
+const CONSUME_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A `541 INTERNAL_ERROR` from the broker.
+fn is_internal_error(e: &lapin::Error) -> bool {
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 541)
+}
+
 /// A connection with its publisher and the topology declared.
 #[derive(Debug)]
 pub struct Session {
@@ -47,15 +57,38 @@ impl Session {
     ) -> anyhow::Result<(Channel, Consumer)> {
         let ch = self.conn.create_channel().await?;
         ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
-        let consumer = ch
-            .basic_consume(
+        // The series exists (at 0) from the first consume, for the alert.
+        let unusable = metrics::counter!(m::QUEUE_UNUSABLE, "queue" => queue.to_owned());
+        unusable.increment(0);
+        let consumed = tokio::time::timeout(
+            CONSUME_TIMEOUT,
+            ch.basic_consume(
                 queue.into(),
                 tag.into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
-            )
-            .await?;
-        Ok((ch, consumer))
+            ),
+        )
+        .await;
+        let problem = match consumed {
+            Ok(Ok(consumer)) => return Ok((ch, consumer)),
+            Ok(Err(e)) if !is_internal_error(&e) => return Err(e.into()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!(
+                "no answer to basic.consume within {}s",
+                CONSUME_TIMEOUT.as_secs()
+            ),
+        };
+        unusable.increment(1);
+        tracing::error!(
+            queue,
+            problem = %problem,
+            "queue {queue} is unusable on the broker (a quorum queue whose leader is lost, \
+             e.g. after a crash of its node): see docs/operations.md, \
+             \"A quorum queue answers 541 after a crash\" — delete the queue, the fleet \
+             declares it again and Postgres re-drives its work"
+        );
+        anyhow::bail!("queue {queue} is unusable: {problem}")
     }
 
     /// Close the connection (best effort: it may already be gone).

@@ -9,6 +9,11 @@
 //! connection is protected when it is not. The files themselves are read when a process
 //! connects ([`crate::amqp::AmqpConnector::new`]), once at start and again at every
 //! reconnect (so renewed certificates are picked up).
+//!
+//! A cluster is `urls = ["amqp://…@node1…", "amqp://…@node2…", …]` (env
+//! `ONCELY_AMQP_URLS`, comma-separated): every connect and reconnect tries the nodes in
+//! turn ([`crate::amqp::AmqpConnector::connect`]). All of them must use the same scheme —
+//! a list mixing `amqps://` and `amqp://` would let a failover silently drop TLS.
 
 use super::error::{ConfigError, invalid};
 use serde::{Deserialize, Serialize};
@@ -21,6 +26,11 @@ pub struct BrokerConfig {
     /// AMQP URL (env `ONCELY_AMQP_URL`): `amqp://` (plain text) or `amqps://` (TLS,
     /// certificate checked against [`BrokerTls::ca_file`] and the URL's host name).
     pub url: String,
+    /// The nodes of a RabbitMQ cluster (env `ONCELY_AMQP_URLS`, comma-separated), tried in
+    /// turn on every connect; when set, `url` must be left at its default. Empty: `url`
+    /// alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
     /// Prefix of every exchange and queue name (env `ONCELY_PREFIX`).
     pub prefix: String,
     /// `quorum` (default) or `classic`.
@@ -58,10 +68,14 @@ impl BrokerTls {
     }
 }
 
+/// `broker.url` when nothing is configured: the local broker as guest.
+const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
 impl Default for BrokerConfig {
     fn default() -> Self {
         Self {
-            url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            url: DEFAULT_URL.into(),
+            urls: Vec::new(),
             prefix: "oncely".into(),
             queue_type: "quorum".into(),
             delivery_limit: 20,
@@ -80,8 +94,27 @@ impl BrokerConfig {
         }
     }
 
-    /// The prefix is a safe name part, the queue type known, the limit positive; TLS
-    /// files only with an `amqps://` URL, a client certificate only with its key.
+    /// The URLs of the nodes to try, in order: `urls` when set, otherwise `url`.
+    pub fn node_urls(&self) -> Vec<&str> {
+        if self.urls.is_empty() {
+            vec![self.url.as_str()]
+        } else {
+            self.urls.iter().map(String::as_str).collect()
+        }
+    }
+
+    /// The field the node URLs come from, for messages.
+    pub fn urls_field(&self) -> &'static str {
+        if self.urls.is_empty() {
+            "broker.url"
+        } else {
+            "broker.urls"
+        }
+    }
+
+    /// The prefix is a safe name part, the queue type known, the limit positive; `url` or
+    /// `urls` (not both), no URL twice, one scheme for all; TLS files only with
+    /// `amqps://` URLs, a client certificate only with its key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.prefix.is_empty()
             || !self
@@ -107,17 +140,49 @@ impl BrokerConfig {
     }
 
     fn validate_tls(&self) -> Result<(), ConfigError> {
-        let scheme = self.url.split_once("://").map(|(s, _)| s);
-        let tls = match scheme {
-            Some(s) if s.eq_ignore_ascii_case("amqps") => true,
-            Some(s) if s.eq_ignore_ascii_case("amqp") => false,
-            _ => {
+        if !self.urls.is_empty() && self.url != DEFAULT_URL {
+            return Err(invalid(
+                "broker.urls",
+                "is set together with broker.url (or ONCELY_AMQP_URL): give the nodes in \
+                 broker.urls alone",
+            ));
+        }
+        let field = self.urls_field();
+        let mut schemes = Vec::new();
+        for (i, url) in self.node_urls().into_iter().enumerate() {
+            let scheme = url.split_once("://").map(|(s, _)| s);
+            let tls = match scheme {
+                Some(s) if s.eq_ignore_ascii_case("amqps") => true,
+                Some(s) if s.eq_ignore_ascii_case("amqp") => false,
+                _ => {
+                    return Err(invalid(
+                        field,
+                        format!(
+                            "{} must start with amqp:// (plain text) or amqps:// (TLS)",
+                            nth(i, field)
+                        ),
+                    ));
+                }
+            };
+            if self.urls[..i.min(self.urls.len())]
+                .iter()
+                .any(|earlier| earlier == url)
+            {
                 return Err(invalid(
-                    "broker.url",
-                    "must start with amqp:// (plain text) or amqps:// (TLS)",
+                    field,
+                    format!("{} repeats an earlier URL", nth(i, field)),
                 ));
             }
-        };
+            schemes.push(tls);
+        }
+        if schemes.windows(2).any(|w| w[0] != w[1]) {
+            return Err(invalid(
+                field,
+                "mixes amqps:// and amqp://: a failover must not drop TLS, use one scheme \
+                 for every node",
+            ));
+        }
+        let tls = schemes[0];
         let t = &self.tls;
         if !tls {
             let set = [
@@ -125,11 +190,13 @@ impl BrokerConfig {
                 ("cert_file", t.cert_file.is_some()),
                 ("key_file", t.key_file.is_some()),
             ];
-            if let Some((field, _)) = set.iter().find(|(_, on)| *on) {
+            if let Some((file, _)) = set.iter().find(|(_, on)| *on) {
                 return Err(invalid(
-                    format!("broker.tls.{field}"),
-                    "is set but broker.url is amqp:// (plain text, no TLS): use amqps:// \
-                     (usually port 5671) or remove [broker.tls]",
+                    format!("broker.tls.{file}"),
+                    format!(
+                        "is set but {field} is amqp:// (plain text, no TLS): use amqps:// \
+                         (usually port 5671) or remove [broker.tls]"
+                    ),
                 ));
             }
         }
@@ -144,5 +211,14 @@ impl BrokerConfig {
             )),
             _ => Ok(()),
         }
+    }
+}
+
+/// "the URL" or "URL 2 of broker.urls", for messages.
+fn nth(i: usize, field: &str) -> String {
+    if field == "broker.url" {
+        "the URL".into()
+    } else {
+        format!("URL {} of {field}", i + 1)
     }
 }

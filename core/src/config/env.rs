@@ -4,7 +4,8 @@
 //! through the same deserializer and validation as the file, so a bad value in the
 //! environment is the same clear startup error as a bad value in the file.
 //!
-//! Names: `DATABASE_URL`, `ONCELY_DATABASE_POOLER`, `ONCELY_AMQP_URL`, `ONCELY_PREFIX`, and generically
+//! Names: `DATABASE_URL`, `ONCELY_DATABASE_POOLER`, `ONCELY_AMQP_URL`, `ONCELY_AMQP_URLS`
+//! (comma-separated, the nodes of a cluster), `ONCELY_PREFIX`, and generically
 //! `ONCELY__SECTION__NAME__FIELD=value` (`.` in an action type is written `_DOT_`).
 
 use super::error::{ConfigError, invalid};
@@ -15,6 +16,27 @@ pub(crate) fn apply(
     env: impl Iterator<Item = (String, String)>,
 ) -> Result<(), ConfigError> {
     for (name, value) in env {
+        if name == "ONCELY_AMQP_URLS" {
+            let urls: Vec<toml::Value> = value
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(|u| toml::Value::String(u.to_owned()))
+                .collect();
+            if urls.is_empty() {
+                return Err(invalid(
+                    "ONCELY_AMQP_URLS (env)",
+                    "is empty: give the nodes' URLs, comma-separated",
+                ));
+            }
+            let broker = doc
+                .entry("broker")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .ok_or_else(|| invalid("ONCELY_AMQP_URLS (env)", "`broker` is not a table"))?;
+            broker.insert("urls".into(), toml::Value::Array(urls));
+            continue;
+        }
         let path: Vec<String> = match name.as_str() {
             "DATABASE_URL" => vec!["database_url".into()],
             "ONCELY_DATABASE_POOLER" => vec!["database_pooler".into()],

@@ -346,6 +346,92 @@ mod tests {
     }
 
     #[test]
+    fn broker_urls_come_from_the_file_or_the_env_and_round_trip() {
+        let c = load(
+            "[broker]\nurls = [\"amqp://u:p@a:5672/%2f\", \"amqp://u:p@b:5673/%2f\"]\n",
+            &[],
+        )
+        .expect("config");
+        assert_eq!(
+            c.broker.node_urls(),
+            ["amqp://u:p@a:5672/%2f", "amqp://u:p@b:5673/%2f"]
+        );
+        assert_eq!(round_trip(&c), c);
+        let c = load(
+            "",
+            &[(
+                "ONCELY_AMQP_URLS",
+                "amqps://u:p@a:5671/%2f, amqps://u:p@b:5671/%2f,amqps://u:p@c:5671/%2f",
+            )],
+        )
+        .expect("env");
+        assert_eq!(c.broker.node_urls().len(), 3);
+        assert_eq!(c.broker.node_urls()[1], "amqps://u:p@b:5671/%2f");
+        // Without `urls`, `url` alone (the single-node configs keep working).
+        let c = load("[broker]\nurl = \"amqp://u:p@one:5672/%2f\"\n", &[]).expect("url");
+        assert_eq!(c.broker.node_urls(), ["amqp://u:p@one:5672/%2f"]);
+        assert!(!c.to_toml().expect("toml").contains("urls"));
+    }
+
+    #[test]
+    fn bad_broker_urls_are_refused_with_the_field_named() {
+        let two = "urls = [\"amqp://a/%2f\", \"amqp://b/%2f\"]\n";
+        // (file, env, field named, problem said)
+        type Case<'a> = (String, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+        let cases: Vec<Case<'_>> = vec![
+            (
+                format!("[broker]\nurl = \"amqp://x/%2f\"\n{two}"),
+                vec![],
+                "broker.urls",
+                "together with broker.url",
+            ),
+            (
+                format!("[broker]\n{two}"),
+                vec![("ONCELY_AMQP_URL", "amqp://x/%2f")],
+                "broker.urls",
+                "together with broker.url",
+            ),
+            (
+                "[broker]\nurls = [\"amqps://a/%2f\", \"amqp://b/%2f\"]\n".into(),
+                vec![],
+                "broker.urls",
+                "mixes amqps:// and amqp://",
+            ),
+            (
+                "[broker]\nurls = [\"amqp://a/%2f\", \"http://b\"]\n".into(),
+                vec![],
+                "broker.urls",
+                "URL 2 of broker.urls must start with",
+            ),
+            (
+                "[broker]\nurls = [\"amqp://a/%2f\", \"amqp://a/%2f\"]\n".into(),
+                vec![],
+                "broker.urls",
+                "URL 2 of broker.urls repeats",
+            ),
+            (
+                format!("[broker]\n{two}[broker.tls]\nca_file = \"/ca.pem\"\n"),
+                vec![],
+                "broker.tls.ca_file",
+                "broker.urls is amqp://",
+            ),
+            (
+                String::new(),
+                vec![("ONCELY_AMQP_URLS", " , ")],
+                "ONCELY_AMQP_URLS",
+                "is empty",
+            ),
+        ];
+        for (text, env, field, problem) in cases {
+            let err = load(&text, &env).expect_err(&text).to_string();
+            assert!(
+                err.contains(field) && err.contains(problem),
+                "{err:?} should name {field} and say {problem:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_provider_without_kind_is_http() {
         let c = load(
             "[providers.p]\nbase_url = \"http://x\"\nexecute_path = \"/e\"\n",

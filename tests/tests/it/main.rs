@@ -3,6 +3,7 @@
 
 mod admin;
 mod cli;
+mod cluster;
 mod dashboards;
 mod desk;
 mod failover;
@@ -14,6 +15,7 @@ mod mcp;
 mod pipeline;
 mod pooler;
 mod python_client;
+mod quorum_541;
 mod reconcile;
 mod resilience;
 mod roles;

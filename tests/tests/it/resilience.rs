@@ -15,10 +15,10 @@ use sqlx::PgPool;
 use std::time::Duration;
 
 /// Liveness deadline for a whole run to settle (not a speed target).
-const DEADLINE: Duration = Duration::from_secs(240);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(240);
 const ACTIONS: [&str; 3] = ["email.send", "ticket.create", "payment_order.create"];
 
-fn intent(n: usize) -> Intent {
+pub(crate) fn intent(n: usize) -> Intent {
     let action = ACTIONS[n % 3];
     let payload = match action {
         "email.send" => {
@@ -40,7 +40,7 @@ fn intent(n: usize) -> Intent {
 
 /// Count of operations in a status, `None` while the query fails (our own pooled
 /// connections may have just been terminated).
-async fn count(pool: &PgPool, status: &str) -> Option<i64> {
+pub(crate) async fn count(pool: &PgPool, status: &str) -> Option<i64> {
     sqlx::query_scalar("SELECT count(*) FROM agent_operations WHERE status = $1")
         .bind(status)
         .fetch_one(pool)
@@ -48,7 +48,7 @@ async fn count(pool: &PgPool, status: &str) -> Option<i64> {
         .ok()
 }
 
-async fn wait_succeeded_at_least(fleet: &Fleet, n: i64, what: &str) {
+pub(crate) async fn wait_succeeded_at_least(fleet: &Fleet, n: i64, what: &str) {
     eventually(what, DEADLINE, || async {
         count(&fleet.db.pool, "succeeded")
             .await
@@ -60,7 +60,7 @@ async fn wait_succeeded_at_least(fleet: &Fleet, n: i64, what: &str) {
 
 /// A producer, connecting again until the broker takes connections (after a fault the
 /// SDK's connection is gone and it has no reconnect of its own).
-async fn connect_producer(fleet: &Fleet) -> Producer {
+pub(crate) async fn connect_producer(fleet: &Fleet) -> Producer {
     eventually("a producer to connect", DEADLINE, || async {
         Producer::connect(&fleet.config, secret()).await.ok()
     })
@@ -69,7 +69,7 @@ async fn connect_producer(fleet: &Fleet) -> Producer {
 
 /// Enqueue a wave; every intent must be new and recorded (a failed publish after the
 /// record is allowed: the sweeper republishes `planned` rows).
-async fn enqueue(producer: &Producer, intents: Vec<Intent>) {
+pub(crate) async fn enqueue(producer: &Producer, intents: Vec<Intent>) {
     let n = intents.len();
     let results = producer
         .enqueue_many(intents)
@@ -85,7 +85,7 @@ async fn enqueue(producer: &Producer, intents: Vec<Intent>) {
 }
 
 /// Every operation succeeded and the provider saw exactly one effect per key.
-async fn assert_exactly_once(fleet: &Fleet, n: usize) {
+pub(crate) async fn assert_exactly_once(fleet: &Fleet, n: usize) {
     eventually(
         &format!("all {n} operations to succeed"),
         DEADLINE,
@@ -107,14 +107,14 @@ async fn assert_exactly_once(fleet: &Fleet, n: usize) {
 }
 
 /// How many broker sessions a worker or reconciler started, from its log.
-fn sessions(log: &str) -> usize {
+pub(crate) fn sessions(log: &str) -> usize {
     log.lines()
         .filter(|l| l.contains("worker consuming") || l.contains("reconciler consuming"))
         .count()
 }
 
 /// The workers and reconcilers are still running (they never exited on a fault).
-fn assert_alive(procs: &mut [Proc]) {
+pub(crate) fn assert_alive(procs: &mut [Proc]) {
     for p in procs {
         let state = p.child.try_wait();
         assert!(
