@@ -38,6 +38,23 @@ pub fn python() -> std::path::PathBuf {
     "python3".into()
 }
 
+/// Intent `n` of the built-in config's `action` (`email.send`, `ticket.create` or
+/// `payment_order.create`): its own business object, a payload its schema accepts.
+pub fn sample_intent(action: &str, n: usize) -> oncely_core::Intent {
+    let payload = match action {
+        "email.send" => {
+            serde_json::json!({"to": format!("user-{n}@example.test"), "subject": "Approved"})
+        }
+        "ticket.create" => serde_json::json!({"title": format!("ticket {n}"), "queue": "ops"}),
+        _ => serde_json::json!({"account_id": "acc", "amount_minor": 100 + n, "currency": "EUR",
+            "business_reference": format!("app-{n}")}),
+    };
+    oncely_core::Intent::from_json(serde_json::json!({"action_type": action,
+        "workflow_id": format!("case-{}", n / 10), "step": "s", "business_object": format!("obj-{n}"),
+        "revision": 1, "payload": payload}))
+    .unwrap_or_else(|e| panic!("intent {n}: {e}"))
+}
+
 /// A name no other test (in this or another process) uses: `<tag>_<pid>_<n>_<nanos>`.
 pub fn unique_name(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);

@@ -17,19 +17,10 @@ use std::time::Duration;
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn intent(n: usize) -> Intent {
-    let action = ["email.send", "ticket.create", "payment_order.create"][n % 3];
-    let payload = match action {
-        "email.send" => json!({"to": format!("user-{n}@example.test"), "subject": "Approved"}),
-        "ticket.create" => json!({"title": format!("ticket {n}"), "queue": "ops"}),
-        _ => {
-            json!({"account_id": "acc", "amount_minor": 100 + n, "currency": "EUR", "business_reference": format!("app-{n}")})
-        }
-    };
-    Intent::from_json(
-        json!({"action_type": action, "workflow_id": format!("case-{}", n / 10), "step": "s",
-        "business_object": format!("obj-{n}"), "revision": 1, "payload": payload}),
+    oncely_tests::sample_intent(
+        ["email.send", "ticket.create", "payment_order.create"][n % 3],
+        n,
     )
-    .expect("intent")
 }
 
 /// The statement every client runs below: one the journal runs too.
