@@ -281,6 +281,9 @@ pub struct Fleet {
     /// The fleet's database through this pgbouncer (transaction pooling) for every
     /// process and SDK producer ([`Fleet::through_pooler`]); checks stay direct.
     pub pooled_url: Option<String>,
+    /// A multi-host `DATABASE_URL` (primary and standby) given to every spawned process
+    /// and SDK producer ([`Fleet::on_hosts`]).
+    pub hosts_url: Option<String>,
     spawned: std::sync::atomic::AtomicUsize,
 }
 
@@ -371,6 +374,7 @@ impl Fleet {
             data_keys_file,
             least_privilege: None,
             pooled_url: None,
+            hosts_url: None,
             spawned: Default::default(),
         }
     }
@@ -412,10 +416,34 @@ impl Fleet {
         self.pooled_url = Some(bouncer.url_for(&self.db.url));
     }
 
+    /// From now on every process and SDK producer connects with the multi-host URL `url`
+    /// (`postgres://u@primary,standby/db`: the writable host, followed through a
+    /// failover), and so does the fleet's own pool (a failover watcher follows the
+    /// promotion, so checks read the new primary).
+    pub async fn on_hosts(&mut self, url: String) {
+        assert!(
+            self.pooled_url.is_none() && self.least_privilege.is_none(),
+            "a multi-host fleet runs on the machine's users, without a pooler"
+        );
+        self.db.pool = oncely_core::db::connect(
+            &url,
+            &oncely_core::db::PoolSettings {
+                max_connections: 16,
+                ..oncely_core::db::PoolSettings::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("multi-host pool: {e}"));
+        self.hosts_url = Some(url);
+    }
+
     /// The connection environment of a process started with `subcommand` (`run`,
     /// `reconcile`, `admin`, `serve`…): its kind's login under least privilege, the
     /// pooler's URL through a pooler, else nothing (the config's URLs).
     pub fn role_env(&self, subcommand: &str) -> Vec<(&'static str, String)> {
+        if let Some(url) = &self.hosts_url {
+            return vec![("DATABASE_URL", url.clone())];
+        }
         if let Some(url) = &self.pooled_url {
             return vec![
                 ("DATABASE_URL", url.clone()),
@@ -439,6 +467,9 @@ impl Fleet {
     /// login and broker user under least privilege.
     pub fn producer_config(&self) -> Config {
         let mut config = self.config.clone();
+        if let Some(url) = &self.hosts_url {
+            config.database_url = url.clone();
+        }
         if let Some(url) = &self.pooled_url {
             config.database_url = url.clone();
             config.database_pooler = oncely_core::config::DatabasePooler::Transaction;

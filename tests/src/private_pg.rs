@@ -181,6 +181,20 @@ impl PrivatePg {
         .await;
     }
 
+    /// `url` (a database URL on this cluster, `…@127.0.0.1:PORT/db`) as a multi-host URL
+    /// that lists this cluster first and `standby` second: what a fleet that must follow
+    /// a failover is given (`oncely_core::db::connect`).
+    pub fn with_standby(&self, url: &str, standby: &PrivatePg) -> String {
+        let (one, two) = (self.port, standby.port);
+        let multi = url.replacen(
+            &format!("127.0.0.1:{one}/"),
+            &format!("127.0.0.1:{one},127.0.0.1:{two}/"),
+            1,
+        );
+        assert_ne!(multi, url, "{url} is not a URL of 127.0.0.1:{one}");
+        multi
+    }
+
     /// Promote a standby to primary and wait until it accepts writes.
     pub async fn promote(&self) {
         check(

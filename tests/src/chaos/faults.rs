@@ -42,7 +42,12 @@ pub(super) struct FaultTally {
 pub(super) struct Faults<'a> {
     fleet: &'a Fleet,
     control: oncely_sandbox::control::Client,
-    node: Option<String>,
+    /// The private nodes whose connections are closed (one, or the cluster's three: a
+    /// random one each round); empty: the machine's broker.
+    nodes: Vec<String>,
+    /// The maintenance URLs of the Postgres servers whose backends are terminated (the
+    /// fleet's; with `--failover` the primary and the standby, whichever answers).
+    pg_servers: Vec<String>,
     broker: BrokerFaults,
     rng: Rng,
     rules: Vec<Value>,
@@ -58,7 +63,8 @@ impl<'a> Faults<'a> {
         Faults {
             fleet,
             control: fleet.sandbox.control(),
-            node: node.map(str::to_owned),
+            nodes: node.map(str::to_owned).into_iter().collect(),
+            pg_servers: vec![fleet.db.server_url()],
             broker: opts.broker,
             rng: Rng::new(opts.seed ^ 0x5EED_0003),
             rules: Vec::new(),
@@ -68,14 +74,35 @@ impl<'a> Faults<'a> {
         }
     }
 
+    /// Close connections on any of `nodes` (a private cluster's), and terminate backends
+    /// on each of `pg_servers` that answers (a primary and its standby).
+    pub fn on_servers(mut self, nodes: Vec<String>, pg_servers: Vec<String>) -> Self {
+        if !nodes.is_empty() {
+            self.nodes = nodes;
+        }
+        if !pg_servers.is_empty() {
+            self.pg_servers = pg_servers;
+        }
+        self
+    }
+
     /// `rabbitmqctl close_all_connections`, in the background (it takes a second or two);
     /// nothing with `--no-broker-faults`.
     pub fn close_broker_connections(&mut self) {
         if self.broker == BrokerFaults::Off {
             return;
         }
-        self.timeline.note("rabbitmqctl close_all_connections");
-        let node = self.node.clone();
+        let node = match self.nodes.len() {
+            0 => None,
+            1 => Some(self.nodes[0].clone()),
+            n => Some(self.nodes[self.rng.below(n)].clone()),
+        };
+        self.timeline.note(format_args!(
+            "rabbitmqctl close_all_connections{}",
+            node.as_deref()
+                .map(|n| format!(" on {n}"))
+                .unwrap_or_default()
+        ));
         let ok = self.tally.broker_rounds.clone();
         let failed = self.tally.broker_failed.clone();
         tokio::spawn(async move {
@@ -100,7 +127,17 @@ impl<'a> Faults<'a> {
     /// `pg_terminate_backend` on every connection to the fleet's database (only that one).
     pub async fn terminate_backends(&mut self) {
         self.tally.pg_rounds += 1;
-        match terminate_backends(&self.fleet.db.server_url(), &self.fleet.db.name).await {
+        // A server that does not answer (a crashed primary) is skipped; the round fails
+        // only if none answers.
+        let mut terminated = None;
+        let mut last_error = None;
+        for server in &self.pg_servers {
+            match terminate_backends(server, &self.fleet.db.name).await {
+                Ok(n) => *terminated.get_or_insert(0) += n,
+                Err(e) => last_error = Some(e),
+            }
+        }
+        match terminated.ok_or_else(|| last_error.unwrap_or_else(|| anyhow::anyhow!("no server"))) {
             Ok(n) => {
                 self.tally.pg_terminated += n;
                 self.timeline

@@ -65,12 +65,20 @@ pub(super) struct LogFigures {
     pub conflicts_refused: u64,
     /// Invalid messages dead-lettered.
     pub dead_lettered: u64,
+    /// Processes that logged following a Postgres failover (`--failover`).
+    pub followed_pg_failover: u64,
+    /// Connects that went to another RabbitMQ node because one did not answer
+    /// (`--cluster`).
+    pub other_node_connects: u64,
 }
 
 /// Count the lines [`LogFigures`] is made of.
 pub(super) fn figures(logs: &[(String, String)]) -> LogFigures {
     let mut f = LogFigures::default();
     for (_, text) in logs {
+        if text.contains("Postgres failover: the primary moved") {
+            f.followed_pg_failover += 1;
+        }
         for line in text.lines() {
             if line.contains("not claimed; acked without a provider call") {
                 let verdict = serde_json::from_str::<Value>(line)
@@ -84,6 +92,8 @@ pub(super) fn figures(logs: &[(String, String)]) -> LogFigures {
                 f.conflicts_refused += 1;
             } else if line.contains("invalid message dead-lettered") {
                 f.dead_lettered += 1;
+            } else if line.contains("connected to another RabbitMQ node of broker.urls") {
+                f.other_node_connects += 1;
             }
         }
     }

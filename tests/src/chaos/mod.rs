@@ -16,6 +16,8 @@
 //! - `workload`: the intents, the batches they are submitted in, and the producer task;
 //! - `crew`: the worker and reconciler processes (spawn, kill, stop, exit accounting);
 //! - `faults`: broker, Postgres and provider faults;
+//! - `outages`: whole servers lost (`--cluster`: RabbitMQ nodes; `--failover`: the
+//!   Postgres primary);
 //! - `schedule`: what is done when — the fault phase, then the heal;
 //! - `facts`: what is read once the fleet has stopped, as plain data;
 //! - `checks`: the verdict, a pure function from the facts to typed findings;
@@ -29,6 +31,7 @@ mod facts;
 mod faults;
 mod http;
 mod logs;
+mod outages;
 mod report;
 mod rng;
 mod schedule;
@@ -39,6 +42,8 @@ pub use rng::Rng;
 
 use crate::fleet::{FAST_RECONCILER, Fleet, FleetOptions};
 use crate::private_broker::PrivateBroker;
+use crate::private_cluster::PrivateCluster;
+use crate::private_pg::PrivatePg;
 use crew::{Binaries, Crew};
 use facts::{Facts, Figures};
 use faults::Faults;
@@ -83,7 +88,8 @@ the sandbox's ground truth (duplicates, lost, unexpected, mismatches must all be
 
 USAGE: oncely-chaos [--seed N] [--intents N] [--min-kills N] [--duration-secs N]
                     [--heal-secs N] [--workers N] [--reconcilers N] [--nightly]
-                    [--no-broker-faults | --private-broker] [--secure | --pooler] [--no-build]
+                    [--no-broker-faults | --private-broker] [--secure | --pooler]
+                    [--cluster] [--failover] [--no-build]
                     [--keep-logs]
                     [--self-test]
 
@@ -105,6 +111,14 @@ USAGE: oncely-chaos [--seed N] [--intents N] [--min-kills N] [--duration-secs N]
   --pooler            every process and producer through a private pgbouncer in transaction
                       pooling mode (10 server connections for the whole fleet;
                       database_pooler = \"transaction\"; docs/scaling.md)
+  --cluster           a private three-node RabbitMQ cluster (every process gets the three
+                      URLs, broker.urls); the node leading the email action queue is
+                      SIGKILLed at 20 % of the fault phase and restarted 8 s later, then
+                      another node at 60 %; connection closes hit a random node
+  --failover          a private Postgres primary with a synchronous streaming standby,
+                      every process on the two-host DATABASE_URL; at 45 % of the fault
+                      phase the primary crashes (pg_ctl stop -m immediate) and the standby
+                      is promoted (docs/scaling.md)
   --no-build          do not build the workers first (`cargo build -p oncely-worker`, and
                       the fail-point worker into target/failpoints)
   --keep-logs         keep the logs, schedule and report even when the run passes
@@ -156,6 +170,10 @@ pub struct Options {
     pub secure: bool,
     /// Every process through a private pgbouncer (transaction pooling).
     pub pooler: bool,
+    /// A private three-node RabbitMQ cluster whose nodes are killed.
+    pub cluster: bool,
+    /// A private primary and standby; the primary crashes, the standby is promoted.
+    pub failover: bool,
 }
 
 /// The command line as given, before defaults and limits.
@@ -175,6 +193,8 @@ struct Flags {
     keep_logs: bool,
     secure: bool,
     pooler: bool,
+    cluster: bool,
+    failover: bool,
 }
 
 impl Default for Flags {
@@ -194,6 +214,8 @@ impl Default for Flags {
             keep_logs: false,
             secure: false,
             pooler: false,
+            cluster: false,
+            failover: false,
         }
     }
 }
@@ -227,6 +249,8 @@ impl Flags {
                 "--keep-logs" => f.keep_logs = true,
                 "--secure" => f.secure = true,
                 "--pooler" => f.pooler = true,
+                "--cluster" => f.cluster = true,
+                "--failover" => f.failover = true,
                 "-h" | "--help" => return Ok(None),
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -244,6 +268,12 @@ impl Flags {
         }
         if self.secure && self.pooler {
             return Err("--pooler runs on the machine's Postgres users: not with --secure".into());
+        }
+        if self.secure && (self.cluster || self.failover) {
+            return Err("--cluster and --failover run without TLS: not with --secure".into());
+        }
+        if self.pooler && self.failover {
+            return Err("--failover gives every process both hosts: not with --pooler".into());
         }
         let seed = self.seed.unwrap_or_else(|| {
             let nanos = std::time::SystemTime::now()
@@ -269,7 +299,7 @@ impl Flags {
             heal: Duration::from_secs(self.heal.unwrap_or(d_heal)),
             workers: self.workers,
             reconcilers: self.reconcilers,
-            broker: if self.secure {
+            broker: if self.secure || (self.cluster && self.broker == BrokerFaults::Shared) {
                 BrokerFaults::Private
             } else {
                 self.broker
@@ -280,6 +310,8 @@ impl Flags {
             keep_logs: self.keep_logs,
             secure: self.secure,
             pooler: self.pooler,
+            cluster: self.cluster,
+            failover: self.failover,
         })
     }
 }
@@ -333,7 +365,24 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     } else {
         None
     };
-    let private = if let Some(secure) = &secure {
+    // --cluster: three private nodes; --failover: a primary and its synchronous standby.
+    let cluster = if opts.cluster {
+        eprintln!("chaos: starting a private three-node RabbitMQ cluster");
+        Some(Arc::new(PrivateCluster::start().await))
+    } else {
+        None
+    };
+    let postgres = if opts.failover {
+        eprintln!("chaos: starting a private Postgres primary and a synchronous standby");
+        let primary = PrivatePg::start_primary().await;
+        let standby = PrivatePg::start_replica(&primary).await;
+        Some(Arc::new((primary, standby)))
+    } else {
+        None
+    };
+    let private = if cluster.is_some() {
+        None
+    } else if let Some(secure) = &secure {
         eprintln!("chaos: starting a private RabbitMQ node with a TLS listener");
         Some(secure.broker().await)
     } else if opts.broker == BrokerFaults::Private {
@@ -342,7 +391,11 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     } else {
         None
     };
-    let node = private.as_ref().map(|b| b.node().to_owned());
+    let node = match (&private, &cluster) {
+        (Some(b), _) => Some(b.node().to_owned()),
+        (None, Some(c)) => Some(c.nodes()[0].node().to_owned()),
+        (None, None) => None,
+    };
     let mut fleet_options = FleetOptions {
         timeout: PROVIDER_TIMEOUT.into(),
         lease: LEASE.into(),
@@ -351,6 +404,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         amqp_url: private.as_ref().map(PrivateBroker::url),
         tls: TLS_PROVIDERS,
         seal_payloads: true,
+        amqp_urls: cluster.as_ref().map(|c| c.urls()).unwrap_or_default(),
+        database_server: postgres.as_ref().map(|p| p.0.url("127.0.0.1", "")),
         ..FleetOptions::default()
     };
     if let (Some(secure), Some(broker)) = (&secure, &private) {
@@ -374,8 +429,38 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     } else {
         None
     };
+    let mut servers = outages::Servers::default();
+    let mut pg_servers = Vec::new();
+    if let Some(pair) = &postgres {
+        let (primary, standby) = &**pair;
+        eprintln!(
+            "chaos: every process on the two-host URL (primary :{}, standby :{})",
+            primary.port(),
+            standby.port()
+        );
+        fleet
+            .on_hosts(primary.with_standby(&fleet.db.url, standby))
+            .await;
+        pg_servers = vec![primary.url("127.0.0.1", ""), standby.url("127.0.0.1", "")];
+        servers.postgres = Some(pair.clone());
+    }
+    let mut nodes = Vec::new();
+    if let Some(cluster) = &cluster {
+        nodes = cluster
+            .nodes()
+            .iter()
+            .map(|n| n.node().to_owned())
+            .collect();
+        servers.cluster = Some((cluster.clone(), fleet.topology().action_queue("email.send")));
+    }
     let setup = wall.elapsed();
-    let result = drive(&opts, &fleet, &bins, node.as_deref(), setup, wall).await;
+    let on = Servers {
+        node: node.as_deref(),
+        nodes,
+        pg_servers,
+        outages: servers,
+    };
+    let result = drive(&opts, &fleet, &bins, on, setup, wall).await;
     let outcome = match result {
         Ok(o) => o,
         Err(e) => {
@@ -387,8 +472,19 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     drop(fleet);
     drop(bouncer);
     drop(private);
+    drop(cluster);
+    drop(postgres);
     drop(secure);
     Ok(outcome)
+}
+
+/// The servers of a run beyond the machine's own: the private node (or cluster) that
+/// `rabbitmqctl` asks, the nodes and Postgres servers faults go to, and the outages.
+struct Servers<'a> {
+    node: Option<&'a str>,
+    nodes: Vec<String>,
+    pg_servers: Vec<String>,
+    outages: outages::Servers,
 }
 
 /// The TLS side of `--secure`: a test CA, a private TLS-only Postgres cluster (its
@@ -449,10 +545,11 @@ async fn drive(
     opts: &Options,
     fleet: &Fleet,
     bins: &Binaries,
-    node: Option<&str>,
+    on: Servers<'_>,
     setup: Duration,
     wall: Instant,
 ) -> anyhow::Result<Outcome> {
+    let node = on.node;
     let workload = Workload::new(opts.seed, opts.intents)?;
     let timeline = Timeline::default();
     let mut crew = Crew::new(fleet, bins, opts.seed, timeline.clone());
@@ -469,9 +566,12 @@ async fn drive(
     ));
     // If the run ends early (an error), the producer must not outlive it.
     let _stop_producer = AbortOnDrop(producer.abort_handle());
-    let mut faults = Faults::new(fleet, node, opts, timeline.clone());
+    let mut faults =
+        Faults::new(fleet, node, opts, timeline.clone()).on_servers(on.nodes, on.pg_servers);
+    let outages = outages::Outages::start(on.outages, opts.duration, timeline.clone());
     let fault_phase =
         schedule::fault_phase(opts, fleet, &mut crew, &mut faults, &producer, &progress).await?;
+    let outage_tally = outages.finish().await?;
     let produced = producer.await?;
     let healed = schedule::heal(opts, fleet, &mut crew, &mut faults, node).await?;
     crew.stop_all(Duration::from_secs(20)).await;
@@ -497,6 +597,7 @@ async fn drive(
         produced: &produced,
         crew: &crew.tally,
         faults: &faults.tally,
+        outages: &outage_tally,
         facts: &facts,
         figures: &figures,
         verdict: &verdict,
@@ -521,6 +622,23 @@ mod tests {
             .expect("options");
         assert!(o.intents >= 50_000);
         assert!(Options::from_args(&["--workers".into(), "2".into()]).is_err());
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let o = Options::from_args(&args(&["--cluster", "--failover"]))
+            .expect("parse")
+            .expect("options");
+        assert!(o.cluster && o.failover);
+        assert_eq!(o.broker, BrokerFaults::Private, "a cluster's nodes are private");
+        let o = Options::from_args(&args(&["--cluster", "--no-broker-faults"]))
+            .expect("parse")
+            .expect("options");
+        assert_eq!(o.broker, BrokerFaults::Off, "node kills without connection closes");
+        for bad in [
+            &["--failover", "--pooler"][..],
+            &["--cluster", "--secure"],
+            &["--failover", "--secure"],
+        ] {
+            assert!(Options::from_args(&args(bad)).is_err(), "{bad:?}");
+        }
         assert!(
             Options::from_args(&["--help".into()])
                 .expect("parse")

@@ -9,6 +9,7 @@ use super::crew::CrewTally;
 use super::facts::{self, Facts, Figures, Groups};
 use super::faults::FaultTally;
 use super::logs::{self, LogFigures};
+use super::outages::OutageTally;
 use super::schedule::Timeline;
 use super::workload::{ProducerReport, Workload, action_of};
 use super::{
@@ -54,6 +55,8 @@ pub(super) struct Run<'a> {
     pub crew: &'a CrewTally,
     /// What the faults did.
     pub faults: &'a FaultTally,
+    /// What the server outages did (`--cluster`, `--failover`).
+    pub outages: &'a OutageTally,
     /// The checked facts.
     pub facts: &'a Facts,
     /// The other figures.
@@ -150,6 +153,24 @@ fn header(r: &mut String, run: &Run<'_>) {
         (opts.workers - 3).max(1),
         opts.reconcilers
     );
+    let servers: Vec<&str> = [
+        (
+            opts.secure,
+            "TLS-only private Postgres and RabbitMQ, least privilege",
+        ),
+        (opts.pooler, "through pgbouncer (transaction pooling)"),
+        (opts.cluster, "a private three-node RabbitMQ cluster"),
+        (
+            opts.failover,
+            "a private Postgres primary + synchronous standby",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(on, what)| on.then_some(what))
+    .collect();
+    if !servers.is_empty() {
+        let _ = writeln!(r, "  servers            {}", servers.join("; "));
+    }
     let _ = writeln!(
         r,
         "  time               setup {:.1}s, faults {:.1}s (producer {:.1}s), heal {:.1}s, wall {:.1}s",
@@ -284,6 +305,7 @@ fn connections(r: &mut String, run: &Run<'_>) {
         t.broker_rounds.load(Ordering::Relaxed),
         match run.opts.broker {
             BrokerFaults::Shared => "machine's broker",
+            BrokerFaults::Private if run.opts.cluster => "a random node of the private cluster",
             BrokerFaults::Private => "private node",
             BrokerFaults::Off => "off: --no-broker-faults",
         },
@@ -303,6 +325,24 @@ fn connections(r: &mut String, run: &Run<'_>) {
             String::new()
         }
     );
+    for (i, node) in run.outages.nodes.iter().enumerate() {
+        let _ = writeln!(r, "  node killed {}      {node}", i + 1);
+    }
+    if run.opts.cluster {
+        let _ = writeln!(
+            r,
+            "  other-node connects {} (connects that skipped a node that did not answer)",
+            run.log_figures.other_node_connects
+        );
+    }
+    if let Some(failover) = &run.outages.failover {
+        let _ = writeln!(r, "  pg failover        {failover}");
+        let _ = writeln!(
+            r,
+            "  followed it        {} processes logged \"Postgres failover: the primary moved\"",
+            run.log_figures.followed_pg_failover
+        );
+    }
     let _ = writeln!(r, "provider faults");
     let _ = writeln!(
         r,

@@ -35,12 +35,7 @@ async fn a_failover_loses_no_acknowledged_intent_and_runs_each_once() {
     })
     .await;
     let (p1, p2) = (primary.port(), replica.port());
-    let multi = fleet.db.url.replacen(
-        &format!("127.0.0.1:{p1}/"),
-        &format!("127.0.0.1:{p1},127.0.0.1:{p2}/"),
-        1,
-    );
-    assert_ne!(multi, fleet.db.url, "{multi}");
+    let multi = primary.with_standby(&fleet.db.url, &replica);
     let env = [("DATABASE_URL", multi.as_str())];
     let mut procs: Vec<_> = (0..2)
         .map(|_| fleet.spawn_with_env(&["run"], &env))
