@@ -35,6 +35,8 @@ pub struct FleetEnv {
     pub server_url: String,
     /// RabbitMQ URL.
     pub amqp_url: String,
+    /// A cluster's nodes (`broker.urls`; empty: `amqp_url` alone).
+    pub amqp_urls: Vec<String>,
     /// `prefetch` = `max_in_flight` = `batch` of every worker.
     pub concurrency: u16,
     /// The workload.
@@ -192,6 +194,11 @@ fn fleet_config(
     let mut config = Config::builtin()?;
     config.database_url = db_url.to_owned();
     config.broker.url = env.amqp_url.clone();
+    if !env.amqp_urls.is_empty() {
+        // `url` and `urls` together are refused: the default `url` with the list.
+        config.broker.url = oncely_core::config::BrokerConfig::default().url;
+        config.broker.urls = env.amqp_urls.clone();
+    }
     config.broker.prefix = prefix.to_owned();
     config.broker.queue_type = "quorum".into();
     config.worker.prefetch = in_flight.unwrap_or(c);

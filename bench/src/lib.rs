@@ -102,9 +102,32 @@ pub struct BenchArgs {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub amqp_url: String,
+    /// A RabbitMQ cluster's nodes, comma-separated (`broker.urls` of every worker and
+    /// producer; the broker ceiling and the clean-up use the first). Replaces --amqp-url.
+    /// Start a private three-node cluster on this machine with
+    /// `cargo run -p oncely-tests --bin oncely-cluster` (docs/scaling.md).
+    #[arg(
+        long,
+        env = "ONCELY_AMQP_URLS",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_name = "LIST"
+    )]
+    pub amqp_urls: Vec<String>,
     /// Also print the figures as JSON (after the table).
     #[arg(long)]
     pub json: bool,
+}
+
+impl BenchArgs {
+    /// `--amqp-urls`' first node as `--amqp-url` (the broker ceiling, the probe and the
+    /// clean-up connect to one node; the fleets get the whole list).
+    pub fn with_cluster_first(mut self) -> BenchArgs {
+        if let Some(first) = self.amqp_urls.first() {
+            self.amqp_url = first.clone();
+        }
+        self
+    }
 }
 
 /// The settings after `--quick` and the defaults are applied.
@@ -268,7 +291,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let machine = sys::Machine::read();
     let worker_bin = worker_binary()?;
     let gateway_bin = worker_bin.with_file_name("oncely-gateway");
-    let services = report::Services::probe(&args.database_url, &args.amqp_url).await?;
+    let mut services = report::Services::probe(&args.database_url, &args.amqp_url).await?;
+    if args.amqp_urls.len() > 1 {
+        let nodes: Vec<String> = args
+            .amqp_urls
+            .iter()
+            .map(|u| topology::describe_amqp(u))
+            .collect();
+        services.rabbitmq = format!(
+            "a cluster of {} nodes ({}); the broker ceiling's queue declared on the first",
+            nodes.len(),
+            nodes.join(", ")
+        );
+    }
     let run_id = format!("{}_{}", std::process::id(), started.timestamp());
     let secret_text = format!("oncely-bench-secret-{run_id}");
     let secret = KeyRing::new(secret_text.clone().into_bytes())?;
@@ -346,6 +381,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let env = FleetEnv {
         server_url: args.database_url.clone(),
         amqp_url: args.amqp_url.clone(),
+        amqp_urls: args.amqp_urls.clone(),
         concurrency: c,
         workload,
         intents: n,

@@ -6,7 +6,7 @@ use oncely_bench::{self as bench, BenchArgs};
 
 #[tokio::main]
 async fn main() {
-    let args = BenchArgs::parse();
+    let args = BenchArgs::parse().with_cluster_first();
     oncely_core::telemetry::init_with_default("warn");
     let (db, amqp) = (args.database_url.clone(), args.amqp_url.clone());
     let outcome = tokio::select! {

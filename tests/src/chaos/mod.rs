@@ -627,11 +627,19 @@ mod tests {
             .expect("parse")
             .expect("options");
         assert!(o.cluster && o.failover);
-        assert_eq!(o.broker, BrokerFaults::Private, "a cluster's nodes are private");
+        assert_eq!(
+            o.broker,
+            BrokerFaults::Private,
+            "a cluster's nodes are private"
+        );
         let o = Options::from_args(&args(&["--cluster", "--no-broker-faults"]))
             .expect("parse")
             .expect("options");
-        assert_eq!(o.broker, BrokerFaults::Off, "node kills without connection closes");
+        assert_eq!(
+            o.broker,
+            BrokerFaults::Off,
+            "node kills without connection closes"
+        );
         for bad in [
             &["--failover", "--pooler"][..],
             &["--cluster", "--secure"],
