@@ -51,6 +51,12 @@ pub struct FleetEnv {
     pub gateway_bin: PathBuf,
     /// Unique per bench invocation.
     pub run_id: String,
+    /// Run on this existing database (a filled journal, `--journal-rows`) instead of a
+    /// fresh one; it is left in place (its owner drops it).
+    pub journal_db: Option<String>,
+    /// The number of the run's first intent (0; runs that share a journal take
+    /// different intents).
+    pub first_intent: usize,
 }
 
 /// One run's settings.
@@ -119,6 +125,8 @@ pub struct FleetResult {
     pub via_gateway: bool,
     /// Where the CPUs' time went.
     pub cpu: CpuUse,
+    /// The sweeper's scans timed on the journal once the run was done.
+    pub sweep: Vec<super::scale::ScanTime>,
 }
 
 impl FleetResult {
@@ -145,7 +153,10 @@ struct Resources {
 
 /// Run once; everything it creates is removed at the end (logs are kept on failure).
 pub async fn run(env: &FleetEnv, spec: FleetSpec, seq: usize) -> anyhow::Result<FleetResult> {
-    let db_name = format!("oncely_bench_{}_{seq}", env.run_id);
+    let db_name = env
+        .journal_db
+        .clone()
+        .unwrap_or_else(|| format!("oncely_bench_{}_{seq}", env.run_id));
     let prefix = format!("oncely-bench-{}-{seq}", env.run_id);
     let dir = std::env::temp_dir().join(&prefix);
     sys::registry(|r| {
@@ -164,7 +175,9 @@ pub async fn run(env: &FleetEnv, spec: FleetSpec, seq: usize) -> anyhow::Result<
     if let Err(e) = super::delete_topology(&env.amqp_url, &prefix).await {
         eprintln!("warning: could not delete the queues of {prefix}: {e}");
     }
-    if let Err(e) = super::drop_database(&env.server_url, &db_name).await {
+    if env.journal_db.is_none()
+        && let Err(e) = super::drop_database(&env.server_url, &db_name).await
+    {
         eprintln!("warning: could not drop database {db_name}: {e}");
     }
     if result.is_ok() {
@@ -260,7 +273,7 @@ async fn measure(
 
     let secret = KeyRing::new(env.secret.clone().into_bytes())?;
     let producer = Arc::new(Producer::connect(&config, secret).await?);
-    let intents = env.workload.intents(n);
+    let intents = env.workload.intents(env.first_intent, n);
     let gateway = if spec.gateway {
         let (addr, w) = start_gateway(env, &config_path, dir).await?;
         res.workers.push(w);
@@ -271,6 +284,13 @@ async fn measure(
 
     let cpu = CpuSampler::start();
     let journal = Journal::new(pool.clone());
+    // A filled journal (`--journal-rows`) already holds succeeded operations: this run's
+    // are counted on top of them, and its latencies are of operations recorded from t0.
+    let before = if env.journal_db.is_some() {
+        journal.count_in(Status::Succeeded).await?
+    } else {
+        0
+    };
     let t0 = journal.clock().await?;
     let mut enqueuing = Some(match gateway {
         None => tokio::spawn(enqueue(producer.clone(), intents, spec.pace)),
@@ -285,7 +305,7 @@ async fn measure(
         // second beside the system under test. The end time comes from the journal.
         let effects = res.sandbox.as_ref().map_or(0, |s| s.effects().keys.len());
         let done: i64 = if effects >= n {
-            journal.count_in(Status::Succeeded).await?
+            journal.count_in(Status::Succeeded).await? - before
         } else {
             0
         };
@@ -331,7 +351,8 @@ async fn measure(
         total_ms: lat,
         to_claim_ms: to_claim,
         claim_to_done_ms: to_done,
-    } = journal.succeeded_latencies().await?;
+    } = journal.succeeded_latencies(Some(t0)).await?;
+    let sweep = super::scale::sweep_times(&pool).await?;
     let peak_rss_mib: Vec<f64> = pids
         .iter()
         .map(|p| sys::peak_rss_mib(*p).unwrap_or(f64::NAN))
@@ -372,6 +393,7 @@ async fn measure(
         effects: effects.total,
         via_gateway: spec.gateway,
         cpu,
+        sweep,
     })
 }
 

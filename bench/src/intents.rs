@@ -82,9 +82,9 @@ impl Workload {
         .unwrap_or_else(|e| unreachable!("bench intents are valid: {e}"))
     }
 
-    /// Intents `0..n`.
-    pub fn intents(&self, n: usize) -> Vec<Intent> {
-        (0..n).map(|i| self.intent(i)).collect()
+    /// Intents `first..first + n`.
+    pub fn intents(&self, first: usize, n: usize) -> Vec<Intent> {
+        (first..first + n).map(|i| self.intent(i)).collect()
     }
 
     /// Intents `0..n`, keyed and hashed.

@@ -329,15 +329,7 @@ impl Report {
         let sv = &self.services;
         let _ = writeln!(o, "oncely-bench — {}", self.date);
         let _ = writeln!(o, "command:  {}", self.command);
-        let _ = writeln!(
-            o,
-            "machine:  {} CPUs ({}), {:.1} GiB RAM, Linux {}, load {} at start",
-            m.nproc,
-            m.cpu_model,
-            m.memory_mib as f64 / 1024.0,
-            m.kernel,
-            m.load_at_start
-        );
+        let _ = writeln!(o, "machine:  {}", m.describe());
         let _ = writeln!(
             o,
             "services: PostgreSQL {} (synchronous_commit={}) {}, RabbitMQ {}",

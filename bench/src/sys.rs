@@ -23,6 +23,18 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// One line: CPUs, model, memory, kernel, load at the start.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} CPUs ({}), {:.1} GiB RAM, Linux {}, load {} at start",
+            self.nproc,
+            self.cpu_model,
+            self.memory_mib as f64 / 1024.0,
+            self.kernel,
+            self.load_at_start
+        )
+    }
+
     /// Read it from `/proc`.
     pub fn read() -> Machine {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();

@@ -55,14 +55,20 @@ impl Journal {
         )
     }
 
-    /// The latency split of every succeeded operation.
-    pub async fn succeeded_latencies(&self) -> Result<Latencies, JournalError> {
+    /// The latency split of every succeeded operation recorded at or after `since` (all
+    /// of them with `None`).
+    pub async fn succeeded_latencies(
+        &self,
+        since: Option<DateTime<Utc>>,
+    ) -> Result<Latencies, JournalError> {
         let rows: Vec<(f64, Option<f64>, Option<f64>)> = sqlx::query_as(
             "SELECT (extract(epoch FROM updated_at - created_at) * 1000)::float8, \
                     (extract(epoch FROM first_attempt_at - created_at) * 1000)::float8, \
                     (extract(epoch FROM updated_at - first_attempt_at) * 1000)::float8 \
-             FROM agent_operations WHERE status = 'succeeded'",
+             FROM agent_operations WHERE status = 'succeeded' \
+               AND ($1::timestamptz IS NULL OR created_at >= $1)",
         )
+        .bind(since)
         .fetch_all(&self.db)
         .await?;
         let mut l = Latencies::default();

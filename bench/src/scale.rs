@@ -1,0 +1,239 @@
+//! The journal at scale (`--journal-rows N`): a generator that fills a migrated journal with
+//! N operations in realistic states and their events, and the sweeper's scans timed on a
+//! journal (`EXPLAIN ANALYZE` of each scan's row selection, rolled back).
+//!
+//! The fill is set-based (`bench/sql/fill_journal.sql`, chunks of [`CHUNK`] operations per
+//! statement and transaction). While it runs, the secondary indexes are dropped and the
+//! insert-events trigger is off (the fill writes the events itself, one per transition);
+//! afterwards the indexes are created again from their own definitions, so the schema is
+//! exactly the migrations' — checked by comparing `pg_indexes` before and after — and both
+//! tables are `VACUUM ANALYZE`d, as autovacuum would leave them.
+
+use serde::Serialize;
+use sqlx::ConnectOptions as _;
+use sqlx::{PgPool, Row};
+use std::str::FromStr as _;
+use std::time::Instant;
+
+/// Operations per fill statement.
+pub const CHUNK: u64 = 500_000;
+
+/// The fill of one chunk (`$1..=$2` of `$3`; the newest `$4` may be live).
+const FILL_SQL: &str = include_str!("../sql/fill_journal.sql");
+
+/// Live operations among the newest: n mod 10,000 ≥ 9,950 (0.5 %) of the newest
+/// `live_window(rows)` operations are live — 5,000 live operations for 1,000,000 or more.
+pub fn live_window(rows: u64) -> u64 {
+    rows.min(1_000_000)
+}
+
+/// What the fill did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Filled {
+    /// Operations written.
+    pub operations: u64,
+    /// Events written.
+    pub events: u64,
+    /// Operations per status.
+    pub by_status: Vec<(String, i64)>,
+    /// Seconds: inserting, creating the indexes, `VACUUM ANALYZE`.
+    pub seconds: [f64; 3],
+    /// Bytes of each relation of the two tables, largest first.
+    pub sizes: Vec<(String, i64)>,
+}
+
+/// Fill the (migrated, empty) journal at `url` with `rows` operations; `progress` hears
+/// the operations written so far.
+pub async fn fill(url: &str, rows: u64, progress: impl Fn(u64)) -> anyhow::Result<Filled> {
+    // Each chunk runs for seconds by design: not a slow statement worth a log line.
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)?.disable_statement_logging();
+    let pool = &sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await?;
+    let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_operations")
+        .fetch_one(pool)
+        .await?;
+    anyhow::ensure!(existing == 0, "the journal to fill is not empty");
+    let indexes = secondary_indexes(pool).await?;
+    let t0 = Instant::now();
+    for (name, _) in &indexes {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX \"{name}\"")))
+            .execute(pool)
+            .await?;
+    }
+    let live = live_window(rows) as i64;
+    let mut events = 0u64;
+    let mut lo = 1u64;
+    while lo <= rows {
+        let hi = (lo + CHUNK - 1).min(rows);
+        let mut tx = pool.begin().await?;
+        sqlx::query("ALTER TABLE agent_operations DISABLE TRIGGER agent_operations_insert_events")
+            .execute(&mut *tx)
+            .await?;
+        let done = sqlx::query(FILL_SQL)
+            .bind(lo as i64)
+            .bind(hi as i64)
+            .bind(rows as i64)
+            .bind(live)
+            .execute(&mut *tx)
+            .await?;
+        events += done.rows_affected();
+        sqlx::query("ALTER TABLE agent_operations ENABLE TRIGGER agent_operations_insert_events")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        progress(hi);
+        lo = hi + 1;
+    }
+    let inserting = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for (_, def) in &indexes {
+        let mut conn = pool.acquire().await?;
+        sqlx::raw_sql("SET maintenance_work_mem = '1GB'")
+            .execute(&mut *conn)
+            .await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(def.clone()))
+            .execute(&mut *conn)
+            .await?;
+        sqlx::raw_sql("RESET maintenance_work_mem")
+            .execute(&mut *conn)
+            .await?;
+    }
+    let after = secondary_indexes(pool).await?;
+    anyhow::ensure!(
+        after == indexes,
+        "the indexes after the fill differ from the migrations': {after:?} vs {indexes:?}"
+    );
+    let indexing = t1.elapsed().as_secs_f64();
+    let t2 = Instant::now();
+    for table in ["agent_operations", "operation_events"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
+            .execute(pool)
+            .await?;
+    }
+    let vacuuming = t2.elapsed().as_secs_f64();
+    let by_status = sqlx::query_as(
+        "SELECT status, count(*) FROM agent_operations GROUP BY status ORDER BY status",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(Filled {
+        operations: rows,
+        events,
+        by_status,
+        seconds: [inserting, indexing, vacuuming],
+        sizes: sizes(pool).await?,
+    })
+}
+
+/// `(name, definition)` of the journal tables' indexes that are not primary keys, sorted.
+async fn secondary_indexes(pool: &PgPool) -> anyhow::Result<Vec<(String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT indexname::text, indexdef FROM pg_indexes \
+         WHERE schemaname = current_schema() \
+           AND tablename IN ('agent_operations', 'operation_events') \
+           AND indexname NOT LIKE '%\\_pkey' ORDER BY indexname",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Bytes of every table and index of the journal's two big tables, largest first.
+pub async fn sizes(pool: &PgPool) -> anyhow::Result<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT c.relname::text, pg_relation_size(c.oid) FROM pg_class c \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'i') \
+           AND (c.relname LIKE 'agent\\_operations%' OR c.relname LIKE 'operation\\_events%') \
+         ORDER BY 2 DESC",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The sweeper's and reconciler's scans (`core/src/journal/sweep.rs`): the row selection
+/// of each, as the statement runs it (`FOR UPDATE SKIP LOCKED`, the same `LIMIT`).
+const SCANS: [(&str, &str); 3] = [
+    (
+        "expired leases",
+        "SELECT idempotency_key FROM agent_operations \
+         WHERE status = 'executing' AND lease_until < now() \
+         ORDER BY lease_until LIMIT 100 FOR UPDATE SKIP LOCKED",
+    ),
+    (
+        "republish",
+        "SELECT idempotency_key FROM agent_operations \
+         WHERE (status = 'planned' AND updated_at < now() - make_interval(secs => 5)) \
+            OR (status = 'failed_retryable' AND lease_until <= now() \
+                AND (updated_at <= lease_until OR updated_at < now() - make_interval(secs => 5))) \
+         ORDER BY updated_at LIMIT 100 FOR UPDATE SKIP LOCKED",
+    ),
+    (
+        "stale unknowns",
+        "SELECT o.idempotency_key FROM agent_operations o \
+         WHERE o.status = 'unknown' AND o.lease_until <= now() - make_interval(secs => 30) \
+           AND NOT EXISTS (SELECT 1 FROM operation_reviews r \
+                           WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL) \
+         ORDER BY o.lease_until LIMIT 100 FOR UPDATE OF o SKIP LOCKED",
+    ),
+];
+
+/// One scan's timing.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScanTime {
+    /// Which scan.
+    pub scan: &'static str,
+    /// Median execution time of [`REPEATS`] runs (ms, as `EXPLAIN ANALYZE` reports it).
+    pub median_ms: f64,
+    /// Buffers the median run touched (shared hit + read).
+    pub buffers: i64,
+}
+
+/// Runs per scan.
+pub const REPEATS: usize = 7;
+
+/// Time each sweeper scan on `pool`'s journal: `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`
+/// in a transaction that is rolled back (the row locks are released, nothing changes).
+pub async fn sweep_times(pool: &PgPool) -> anyhow::Result<Vec<ScanTime>> {
+    let mut out = Vec::new();
+    for (scan, sql) in SCANS {
+        let mut runs: Vec<(f64, i64)> = Vec::with_capacity(REPEATS);
+        for _ in 0..REPEATS {
+            let mut tx = pool.begin().await?;
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"
+            )))
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            let plan: serde_json::Value = row.try_get(0)?;
+            let top = &plan[0];
+            let ms = top["Execution Time"].as_f64().unwrap_or(f64::NAN)
+                + top["Planning Time"].as_f64().unwrap_or(0.0);
+            let p = &top["Plan"];
+            let buffers = p["Shared Hit Blocks"].as_i64().unwrap_or(0)
+                + p["Shared Read Blocks"].as_i64().unwrap_or(0);
+            runs.push((ms, buffers));
+        }
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (median_ms, buffers) = runs[REPEATS / 2];
+        out.push(ScanTime {
+            scan,
+            median_ms,
+            buffers,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_live_window_is_the_newest_million_at_most() {
+        assert_eq!(live_window(20_000), 20_000);
+        assert_eq!(live_window(50_000_000), 1_000_000);
+    }
+}
