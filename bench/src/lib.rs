@@ -564,13 +564,16 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv, rows: u64) -> anyhow:
         gateway: false,
     };
     let mut seq = 0usize;
+    let mut checkpoints = Vec::new();
     let mut pair = async |env: &FleetEnv, what: &str| -> anyhow::Result<[FleetResult; 2]> {
         seq += 1;
+        checkpoints.push(scale::checkpoint(&args.database_url).await);
         eprintln!("{what}: full load, {n} intents, {} workers", s.fleet);
         let full = fleet::run(env, spec, seq).await?;
         eprintln!("      {:.0} actions/s", full.actions_per_s);
         seq += 1;
         let rate = full.actions_per_s / 2.0;
+        checkpoints.push(scale::checkpoint(&args.database_url).await);
         eprintln!("{what}: 50 % load, paced at {rate:.0}/s");
         // Other intents than the full-load run's: both may run on one journal.
         let env = FleetEnv {
@@ -630,7 +633,11 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv, rows: u64) -> anyhow:
     }
     sys::registry(|r| r.databases.retain(|d| d != &db_name));
     let (filled, full) = result?;
-    println!("{}", scale_table(args, &machine, n, &filled, &empty, &full));
+    let checkpointed = checkpoints.iter().all(|c| *c);
+    println!(
+        "{}",
+        scale_table(args, &machine, n, &filled, &empty, &full, checkpointed)
+    );
     if args.json {
         let v = serde_json::json!({"filled": filled, "empty": empty, "full": full});
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -646,6 +653,7 @@ fn scale_table(
     filled: &scale::Filled,
     empty: &[FleetResult; 2],
     full: &[FleetResult; 2],
+    checkpointed: bool,
 ) -> String {
     use std::fmt::Write as _;
     let mut t = String::new();
@@ -680,8 +688,13 @@ fn scale_table(
     );
     let _ = writeln!(
         t,
-        "runs:     {n} intents each, {} workers, on the empty journal then on the filled one",
-        args.settings().fleet
+        "runs:     {n} intents each, {} workers, on the empty journal then on the filled one; {}",
+        args.settings().fleet,
+        if checkpointed {
+            "each right after a CHECKPOINT"
+        } else {
+            "CHECKPOINT refused (not superuser or pg_checkpoint): runs may overlap a checkpoint"
+        }
     );
     let _ = writeln!(t);
     let _ = writeln!(
@@ -742,6 +755,13 @@ fn scale_table(
             format!("sweeper scan: {} (buffers)", scan.scan),
             scan.buffers as f64,
             other.buffers as f64,
+        );
+    }
+    for (i, scan) in empty[1].sweep.iter().enumerate() {
+        let _ = writeln!(
+            t,
+            "plan of {}: empty: {}; filled: {}",
+            scan.scan, scan.plan, full[1].sweep[i].plan
         );
     }
     let _ = writeln!(

@@ -188,6 +188,23 @@ pub struct ScanTime {
     pub median_ms: f64,
     /// Buffers the median run touched (shared hit + read).
     pub buffers: i64,
+    /// The plan's nodes, top down along the first child (`Limit > LockRows > …`).
+    pub plan: String,
+}
+
+/// `CHECKPOINT` (superuser, or the `pg_checkpoint` role): each measured run then starts
+/// right after one, not part-way into a checkpoint that the fill (or the previous run)
+/// started — on an empty and on a filled journal alike. Whether it could, for the report.
+pub async fn checkpoint(url: &str) -> bool {
+    let Ok(options) = sqlx::postgres::PgConnectOptions::from_str(url) else {
+        return false;
+    };
+    let Ok(mut conn) = options.connect().await else {
+        return false;
+    };
+    let done = sqlx::raw_sql("CHECKPOINT").execute(&mut conn).await.is_ok();
+    let _ = sqlx::Connection::close(conn).await;
+    done
 }
 
 /// Runs per scan.
@@ -198,7 +215,7 @@ pub const REPEATS: usize = 7;
 pub async fn sweep_times(pool: &PgPool) -> anyhow::Result<Vec<ScanTime>> {
     let mut out = Vec::new();
     for (scan, sql) in SCANS {
-        let mut runs: Vec<(f64, i64)> = Vec::with_capacity(REPEATS);
+        let mut runs: Vec<(f64, i64, String)> = Vec::with_capacity(REPEATS);
         for _ in 0..REPEATS {
             let mut tx = pool.begin().await?;
             let row = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -214,14 +231,24 @@ pub async fn sweep_times(pool: &PgPool) -> anyhow::Result<Vec<ScanTime>> {
             let p = &top["Plan"];
             let buffers = p["Shared Hit Blocks"].as_i64().unwrap_or(0)
                 + p["Shared Read Blocks"].as_i64().unwrap_or(0);
-            runs.push((ms, buffers));
+            let mut nodes = Vec::new();
+            let mut node = p;
+            while let Some(kind) = node["Node Type"].as_str() {
+                nodes.push(match node["Index Name"].as_str() {
+                    Some(index) => format!("{kind} ({index})"),
+                    None => kind.to_owned(),
+                });
+                node = &node["Plans"][0];
+            }
+            runs.push((ms, buffers, nodes.join(" > ")));
         }
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (median_ms, buffers) = runs[REPEATS / 2];
+        let (median_ms, buffers, plan) = runs.swap_remove(REPEATS / 2);
         out.push(ScanTime {
             scan,
             median_ms,
             buffers,
+            plan,
         });
     }
     Ok(out)

@@ -64,11 +64,11 @@ fn main() -> ExitCode {
             eprintln!("oncely-cluster: {} on {}", node.node(), node.url());
         }
         println!("{line}");
-        if let Some(path) = &env_file {
-            if let Err(e) = std::fs::write(path, format!("{line}\n")) {
-                eprintln!("oncely-cluster: {}: {e}", path.display());
-                return ExitCode::from(2);
-            }
+        if let Some(path) = &env_file
+            && let Err(e) = std::fs::write(path, format!("{line}\n"))
+        {
+            eprintln!("oncely-cluster: {}: {e}", path.display());
+            return ExitCode::from(2);
         }
         eprintln!("oncely-cluster: up; Ctrl-C stops it");
         let mut term =

@@ -1,0 +1,63 @@
+//! The journal-at-scale generator (`oncely-bench --journal-rows`) on a fresh, migrated
+//! database: every row it writes passes the journal's CHECK constraints (the insert would
+//! fail otherwise), the state mix and the events are what bench/sql/fill_journal.sql
+//! says, the indexes are the migrations' again afterwards (checked by `fill` itself), and
+//! the sweeper's scans run on the result.
+
+use oncely_bench::scale;
+use oncely_tests::TestDb;
+use std::collections::BTreeMap;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
+    let db = TestDb::new().await;
+    let rows = 2 * scale::CHUNK / 25; // 40,000: more than one 10,000-cycle of the mix
+    let filled = scale::fill(&db.url, rows, |_| {}).await.expect("fill");
+    let by: BTreeMap<String, i64> = filled.by_status.iter().cloned().collect();
+    assert_eq!(by.values().sum::<i64>(), rows as i64, "{by:?}");
+    // n mod 10,000: < 9,700 succeeded, < 9,950 failed_final, the rest live (all within
+    // the live window at this size), split over the four live states by n mod 4.
+    let cycles = rows as i64 / 10_000;
+    assert_eq!(by["failed_final"], 250 * cycles, "{by:?}");
+    let live: i64 = ["planned", "executing", "failed_retryable", "unknown"]
+        .iter()
+        .map(|s| by.get(*s).copied().unwrap_or(0))
+        .sum();
+    assert_eq!(live, 50 * cycles, "{by:?}");
+    for s in ["planned", "executing", "failed_retryable", "unknown"] {
+        assert!(by.get(s).copied().unwrap_or(0) > 0, "no {s}: {by:?}");
+    }
+    assert_eq!(by["succeeded"], rows as i64 - 250 * cycles - live);
+    // One event per transition: planned 1, executing 2, every other state 3.
+    let expected = 3 * rows as i64 - 2 * by["planned"] - by["executing"];
+    assert_eq!(filled.events as i64, expected);
+    let in_table: i64 = sqlx::query_scalar("SELECT count(*) FROM operation_events")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count events");
+    assert_eq!(in_table, expected);
+    // A planned operation's trail is its one recorded event.
+    let journal = db.journal();
+    let key: String = sqlx::query_scalar(
+        "SELECT idempotency_key FROM agent_operations WHERE status = 'planned' LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("a planned operation");
+    let trail = journal
+        .events(&oncely_core::IdempotencyKey::parse(&key).expect("a valid key"))
+        .await
+        .expect("events");
+    assert_eq!(trail.len(), 1, "{trail:?}");
+    let triggers: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_trigger WHERE tgname = 'agent_operations_insert_events' AND tgenabled = 'O'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("trigger state");
+    assert_eq!(triggers, 1, "the insert-events trigger is enabled again");
+    drop(journal);
+    let scans = scale::sweep_times(&db.pool).await.expect("scans");
+    assert_eq!(scans.len(), 3);
+    assert!(scans.iter().all(|s| s.median_ms.is_finite()), "{scans:?}");
+}
