@@ -57,6 +57,9 @@ pub struct FleetEnv {
     /// The number of the run's first intent (0; runs that share a journal take
     /// different intents).
     pub first_intent: usize,
+    /// Time the sweeper's scans once the run is done (`--journal-rows` only: the usual
+    /// table does not print them).
+    pub time_sweeps: bool,
 }
 
 /// One run's settings.
@@ -125,7 +128,8 @@ pub struct FleetResult {
     pub via_gateway: bool,
     /// Where the CPUs' time went.
     pub cpu: CpuUse,
-    /// The sweeper's scans timed on the journal once the run was done.
+    /// The sweeper's scans timed on the journal once the run was done (empty unless
+    /// [`FleetEnv::time_sweeps`]).
     pub sweep: Vec<super::scale::ScanTime>,
 }
 
@@ -352,7 +356,11 @@ async fn measure(
         to_claim_ms: to_claim,
         claim_to_done_ms: to_done,
     } = journal.succeeded_latencies(Some(t0)).await?;
-    let sweep = super::scale::sweep_times(&pool).await?;
+    let sweep = if env.time_sweeps {
+        super::scale::sweep_times(&pool).await?
+    } else {
+        Vec::new()
+    };
     let peak_rss_mib: Vec<f64> = pids
         .iter()
         .map(|p| sys::peak_rss_mib(*p).unwrap_or(f64::NAN))

@@ -357,6 +357,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         run_id: run_id.clone(),
         journal_db: None,
         first_intent: 0,
+        time_sweeps: args.journal_rows.is_some(),
     };
     if let Some(rows) = args.journal_rows {
         return journal_at_scale(&args, env, rows).await;
