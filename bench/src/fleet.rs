@@ -357,6 +357,7 @@ async fn measure(
         claim_to_done_ms: to_done,
     } = journal.succeeded_latencies(Some(t0)).await?;
     let sweep = if env.time_sweeps {
+        super::scale::steady_state(&pool).await?;
         super::scale::sweep_times(&pool).await?
     } else {
         Vec::new()

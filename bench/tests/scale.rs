@@ -56,8 +56,36 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
     .await
     .expect("trigger state");
     assert_eq!(triggers, 1, "the insert-events trigger is enabled again");
+    // The fill dates live rows with their operation's age: the planned ones are overdue
+    // for republishing until the steady state is set, and the scan takes them in order.
+    let overdue = journal
+        .take_for_republish(std::time::Duration::from_secs(5), 10)
+        .await
+        .expect("republish scan");
+    assert_eq!(overdue.len(), 10, "{overdue:?}");
+    assert!(
+        overdue
+            .iter()
+            .all(|op| op.status == oncely_core::Status::Planned)
+    );
+    let touched = scale::steady_state(&db.pool).await.expect("steady state");
+    assert_eq!(touched as i64, live);
+    let none = journal
+        .take_for_republish(std::time::Duration::from_secs(5), 10)
+        .await
+        .expect("republish scan");
+    assert!(
+        none.is_empty(),
+        "nothing overdue in the steady state: {none:?}"
+    );
     drop(journal);
     let scans = scale::sweep_times(&db.pool).await.expect("scans");
     assert_eq!(scans.len(), 3);
     assert!(scans.iter().all(|s| s.median_ms.is_finite()), "{scans:?}");
+    let republish = &scans[1];
+    assert_eq!(republish.scan, "republish");
+    assert!(
+        republish.plan.contains("agent_operations_planned_idx"),
+        "the republish scan reads the planned rows' own index: {republish:?}"
+    );
 }

@@ -16,6 +16,59 @@ use crate::status::{Move, Status, transition};
 use sqlx::Row;
 use std::time::Duration;
 
+// The row selections of the three scans, as macros so that each statement below is one
+// literal (`concat!`) and the bench can time the very same text ([`SCANS`]).
+
+/// `executing` with an expired lease, oldest first. `$1`: limit.
+macro_rules! expired_leases {
+    () => {
+        "SELECT idempotency_key FROM agent_operations \
+         WHERE status = 'executing' AND lease_until < now() \
+         ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED"
+    };
+}
+
+/// Due for republishing. Two ordered, limited scans, each on its own index — `planned` by
+/// `updated_at` on the partial index `agent_operations_planned_idx`, `failed_retryable` by
+/// `lease_until` on `agent_operations_resume_idx` — so the cost is the rows taken, not the
+/// live rows sorted (one `OR` over both needed a bitmap scan and a sort of every candidate).
+/// The second runs only if the first brought fewer than `$2` (the outer `LIMIT` stops the
+/// `Append`), so at most `$2` rows are locked. `$1`: seconds untouched, `$2`: limit.
+macro_rules! republish {
+    () => {
+        "WITH p AS (SELECT idempotency_key FROM agent_operations \
+             WHERE status = 'planned' AND updated_at < now() - make_interval(secs => $1) \
+             ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         r AS (SELECT idempotency_key FROM agent_operations \
+             WHERE status = 'failed_retryable' AND lease_until <= now() \
+               AND (updated_at <= lease_until OR updated_at < now() - make_interval(secs => $1)) \
+             ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
+         SELECT idempotency_key FROM (SELECT idempotency_key FROM p \
+             UNION ALL SELECT idempotency_key FROM r) u LIMIT $2"
+    };
+}
+
+/// `unknown` due for a check for longer than `$1` seconds, without an open review.
+/// `$3`: limit (`$2` is the check lease, used by the update).
+macro_rules! stale_unknowns {
+    () => {
+        "SELECT o.idempotency_key FROM agent_operations o \
+         WHERE o.status = 'unknown' AND o.lease_until <= now() - make_interval(secs => $1) \
+           AND NOT EXISTS (SELECT 1 FROM operation_reviews r WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL) \
+         ORDER BY o.lease_until LIMIT $3 FOR UPDATE OF o SKIP LOCKED"
+    };
+}
+
+/// The three scans' row selections, `(name, sql)`, for timing them on a big journal
+/// (`oncely-bench --journal-rows`). Their parameters: expired leases `$1` limit;
+/// republish `$1` seconds untouched, `$2` limit; stale unknowns `$1` seconds stale, `$2`
+/// unused, `$3` limit.
+pub const SCANS: [(&str, &str); 3] = [
+    ("expired leases", expired_leases!()),
+    ("republish", republish!()),
+    ("stale unknowns", stale_unknowns!()),
+];
+
 /// An operation the sweeper moved from `executing` to `unknown`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Expired {
@@ -36,14 +89,11 @@ impl Journal {
     ) -> Result<Vec<Expired>, JournalError> {
         debug_assert!(transition(Some(Status::Executing), Status::Unknown).is_some());
         let rows = sqlx::query(
-            "WITH due AS ( \
-                 SELECT idempotency_key FROM agent_operations \
-                 WHERE status = 'executing' AND lease_until < now() \
-                 ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED) \
+            concat!("WITH due AS (", expired_leases!(), ") \
              UPDATE agent_operations o SET status = 'unknown', lease_owner = NULL, lease_until = now(), \
                  last_error_code = 'lease_expired', last_actor = $2, last_reason = 'lease_expired', updated_at = now() \
              FROM due WHERE o.idempotency_key = due.idempotency_key AND o.status = 'executing' \
-             RETURNING o.idempotency_key, o.attempt_count, o.action_type",
+             RETURNING o.idempotency_key, o.attempt_count, o.action_type"),
         )
         .bind(limit)
         .bind(actor)
@@ -66,21 +116,21 @@ impl Journal {
     /// producer crash), and `failed_retryable` past its not-before time — at once when it
     /// has not been republished since it became due (`updated_at <= lease_until`), else
     /// every `after`. `updated_at` is bumped, so the next sweep skips them for `after`.
+    /// At most `limit`: the longest-untouched `planned` first, then the longest-due
+    /// `failed_retryable` (a full batch makes the sweeper go again at once, and the
+    /// `planned` it took are not due again for `after`, so neither kind waits for long).
     pub async fn take_for_republish(
         &self,
         after: Duration,
         limit: i64,
     ) -> Result<Vec<Operation>, JournalError> {
-        let keys: Vec<String> = sqlx::query_scalar(
-            "WITH due AS ( \
-                 SELECT idempotency_key FROM agent_operations \
-                 WHERE (status = 'planned' AND updated_at < now() - make_interval(secs => $1)) \
-                    OR (status = 'failed_retryable' AND lease_until <= now() \
-                        AND (updated_at <= lease_until OR updated_at < now() - make_interval(secs => $1))) \
-                 ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-             UPDATE agent_operations o SET updated_at = now() FROM due \
-             WHERE o.idempotency_key = due.idempotency_key RETURNING o.idempotency_key",
-        )
+        let keys: Vec<String> = sqlx::query_scalar(concat!(
+            "WITH due AS (",
+            republish!(),
+            ") \
+                 UPDATE agent_operations o SET updated_at = now() FROM due \
+                 WHERE o.idempotency_key = due.idempotency_key RETURNING o.idempotency_key"
+        ))
         .bind(after.as_secs_f64())
         .bind(limit)
         .fetch_all(&self.db)
@@ -104,17 +154,15 @@ impl Journal {
         check_lease: Duration,
         limit: i64,
     ) -> Result<Vec<Operation>, JournalError> {
-        let keys: Vec<String> = sqlx::query_scalar(
-            "WITH due AS ( \
-                 SELECT o.idempotency_key FROM agent_operations o \
-                 WHERE o.status = 'unknown' AND o.lease_until <= now() - make_interval(secs => $1) \
-                   AND NOT EXISTS (SELECT 1 FROM operation_reviews r WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL) \
-                 ORDER BY o.lease_until LIMIT $3 FOR UPDATE OF o SKIP LOCKED) \
-             UPDATE agent_operations o SET lease_until = now() + make_interval(secs => $2), \
-                 reconcile_checks = o.reconcile_checks + 1 \
-             FROM due WHERE o.idempotency_key = due.idempotency_key AND o.status = 'unknown' \
-             RETURNING o.idempotency_key",
-        )
+        let keys: Vec<String> = sqlx::query_scalar(concat!(
+            "WITH due AS (",
+            stale_unknowns!(),
+            ") \
+                 UPDATE agent_operations o SET lease_until = now() + make_interval(secs => $2), \
+                     reconcile_checks = o.reconcile_checks + 1 \
+                 FROM due WHERE o.idempotency_key = due.idempotency_key AND o.status = 'unknown' \
+                 RETURNING o.idempotency_key"
+        ))
         .bind(stale_after.as_secs_f64())
         .bind(check_lease.as_secs_f64())
         .bind(limit)

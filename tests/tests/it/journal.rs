@@ -785,3 +785,90 @@ async fn an_answer_with_a_nul_character_does_not_fail_its_batch() {
     let op = j.get(&plain.key).await.expect("get").expect("row");
     assert_eq!(op.status, Status::Succeeded);
 }
+
+/// The republish scan takes at most its limit: the longest-untouched `planned` rows first,
+/// then the `failed_retryable` ones past their not-before time (longest due first); a
+/// `failed_retryable` row not yet due and rows it took moments ago stay where they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn republish_takes_planned_then_due_retries_and_never_more_than_its_limit() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let planned: Vec<Envelope> = (0..3)
+        .map(|n| envelope("wf-rp", &format!("planned-{n}"), pay(100 + n)))
+        .collect();
+    for e in &planned {
+        j.record(e, "producer").await.expect("record");
+    }
+    let retry = |e: &Envelope, attempt: i32, retry_in: Duration| Completion {
+        key: e.key.clone(),
+        expected: Status::Executing,
+        attempt,
+        verdict: Verdict::FailedRetryable {
+            error_code: "http_503".into(),
+            retry_in,
+        },
+        reason: "provider_retryable".into(),
+    };
+    let mut retries = Vec::new();
+    for n in 0..3 {
+        let e = envelope("wf-rp", &format!("retry-{n}"), pay(200 + n));
+        let attempt = claimed(&claim_one(&j, &e, "w", Duration::from_secs(30)).await);
+        assert!(
+            j.complete(&retry(&e, attempt, Duration::ZERO), "w")
+                .await
+                .expect("retry")
+        );
+        retries.push(e);
+    }
+    let later = envelope("wf-rp", "retry-later", pay(300));
+    let attempt = claimed(&claim_one(&j, &later, "w", Duration::from_secs(30)).await);
+    assert!(
+        j.complete(&retry(&later, attempt, Duration::from_secs(3600)), "w")
+            .await
+            .expect("retry later")
+    );
+    // Oldest first within each kind: age the rows in the order they were made.
+    sqlx::query(
+        "WITH o AS (SELECT idempotency_key, row_number() OVER (ORDER BY created_at) AS n FROM agent_operations) \
+         UPDATE agent_operations a SET updated_at = now() - interval '1 hour' + make_interval(secs => o.n), \
+             lease_until = CASE WHEN a.status = 'failed_retryable' AND a.lease_until < now() + interval '1 minute' \
+                 THEN now() - interval '2 hours' + make_interval(secs => o.n) ELSE a.lease_until END \
+         FROM o WHERE a.idempotency_key = o.idempotency_key",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("age the rows");
+    let keys = |ops: &[oncely_core::journal::Operation]| {
+        let mut k: Vec<_> = ops.iter().map(|o| o.key.clone()).collect();
+        k.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        k
+    };
+    let sorted = |es: &[&Envelope]| {
+        let mut k: Vec<_> = es.iter().map(|e| e.key.clone()).collect();
+        k.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        k
+    };
+    let first = j
+        .take_for_republish(Duration::from_secs(60), 4)
+        .await
+        .expect("first sweep");
+    assert_eq!(
+        keys(&first),
+        sorted(&[&planned[0], &planned[1], &planned[2], &retries[0]]),
+        "{first:?}"
+    );
+    let second = j
+        .take_for_republish(Duration::from_secs(60), 4)
+        .await
+        .expect("second sweep");
+    assert_eq!(
+        keys(&second),
+        sorted(&[&retries[1], &retries[2]]),
+        "{second:?}"
+    );
+    let third = j
+        .take_for_republish(Duration::from_secs(60), 4)
+        .await
+        .expect("third sweep");
+    assert!(third.is_empty(), "taken moments ago or not due: {third:?}");
+}
