@@ -838,37 +838,27 @@ async fn republish_takes_planned_then_due_retries_and_never_more_than_its_limit(
     .execute(&db.pool)
     .await
     .expect("age the rows");
-    let keys = |ops: &[oncely_core::journal::Operation]| {
-        let mut k: Vec<_> = ops.iter().map(|o| o.key.clone()).collect();
-        k.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    let sweep = async || {
+        let mut k: Vec<String> = j
+            .take_for_republish(Duration::from_secs(60), 4)
+            .await
+            .expect("sweep")
+            .into_iter()
+            .map(|o| o.key.as_str().to_owned())
+            .collect();
+        k.sort();
         k
     };
     let sorted = |es: &[&Envelope]| {
-        let mut k: Vec<_> = es.iter().map(|e| e.key.clone()).collect();
-        k.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        let mut k: Vec<String> = es.iter().map(|e| e.key.as_str().to_owned()).collect();
+        k.sort();
         k
     };
-    let first = j
-        .take_for_republish(Duration::from_secs(60), 4)
-        .await
-        .expect("first sweep");
     assert_eq!(
-        keys(&first),
-        sorted(&[&planned[0], &planned[1], &planned[2], &retries[0]]),
-        "{first:?}"
+        sweep().await,
+        sorted(&[&planned[0], &planned[1], &planned[2], &retries[0]])
     );
-    let second = j
-        .take_for_republish(Duration::from_secs(60), 4)
-        .await
-        .expect("second sweep");
-    assert_eq!(
-        keys(&second),
-        sorted(&[&retries[1], &retries[2]]),
-        "{second:?}"
-    );
-    let third = j
-        .take_for_republish(Duration::from_secs(60), 4)
-        .await
-        .expect("third sweep");
+    assert_eq!(sweep().await, sorted(&[&retries[1], &retries[2]]));
+    let third = sweep().await;
     assert!(third.is_empty(), "taken moments ago or not due: {third:?}");
 }
