@@ -26,9 +26,12 @@ start)
     truncate -s "${2:-68G}" "$IMG"
     mkfs.btrfs -q "$IMG"
     mkdir -p "$MNT"
-    mount -o loop,compress-force=zstd:1,noatime,discard=async "$IMG" "$MNT"
+    # A loop device with direct I/O: the image file's pages are not cached a second time
+    # beside the filesystem's (without it, the filled journal had less RAM for its cache).
+    dev=$(losetup --direct-io=on --find --show "$IMG")
+    mount -o compress-force=zstd:1,noatime,discard=async "$dev" "$MNT"
     mkdir -p "$MNT/data" "$WAL"
-    chown postgres:postgres "$MNT/data" "$WAL"
+    chown postgres:postgres "$MNT" "$MNT/data" "$WAL"
     chmod 700 "$MNT/data"
     as_pg "$BIN/initdb" -D "$MNT/data" --waldir="$WAL/wal" -U postgres -A trust >/dev/null
     cat >>"$MNT/data/postgresql.conf" <<CONF
@@ -51,7 +54,9 @@ usage)
     ;;
 stop)
     as_pg "$BIN/pg_ctl" -D "$MNT/data" -m fast -w stop >/dev/null || true
+    dev=$(findmnt -n -o SOURCE "$MNT" || true)
     umount "$MNT"
+    if [ -n "$dev" ]; then losetup -d "$dev" 2>/dev/null || true; fi
     rm -f "$IMG"
     rm -rf "$WAL"
     ;;

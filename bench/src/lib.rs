@@ -121,6 +121,10 @@ pub struct BenchArgs {
     /// fill_journal.sql; ~1.6 GB and ~40 s per million here), with the ratios.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub journal_rows: Option<u64>,
+    /// With --journal-rows: keep the filled database when the bench ends (its name is
+    /// printed), to look at it afterwards with psql; drop it yourself.
+    #[arg(long, requires = "journal_rows")]
+    pub keep_journal: bool,
     /// Also print the figures as JSON (after the table).
     #[arg(long)]
     pub json: bool,
@@ -629,7 +633,9 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv, rows: u64) -> anyhow:
         anyhow::Ok((filled, runs))
     }
     .await;
-    if let Err(e) = drop_database(&args.database_url, &db_name).await {
+    if args.keep_journal {
+        eprintln!("kept the filled journal: database {db_name} (--keep-journal; drop it yourself)");
+    } else if let Err(e) = drop_database(&args.database_url, &db_name).await {
         eprintln!("warning: could not drop database {db_name}: {e}");
     }
     sys::registry(|r| r.databases.retain(|d| d != &db_name));

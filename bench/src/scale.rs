@@ -3,11 +3,14 @@
 //! journal (`EXPLAIN ANALYZE` of each scan's row selection, rolled back).
 //!
 //! The fill is set-based (`bench/sql/fill_journal.sql`, chunks of [`CHUNK`] operations per
-//! statement and transaction). While it runs, the secondary indexes are dropped and the
-//! insert-events trigger is off (the fill writes the events itself, one per transition);
-//! afterwards the indexes are created again from their own definitions, so the schema is
-//! exactly the migrations' — checked by comparing `pg_indexes` before and after — and both
-//! tables are `VACUUM ANALYZE`d, as autovacuum would leave them.
+//! statement and transaction). While it runs, the secondary indexes, the operations'
+//! primary key and the foreign keys that depend on it are dropped, and the insert-events
+//! trigger is off (the fill writes the events itself, one per transition); afterwards the
+//! key and the indexes are created again from their own definitions, so the schema is
+//! exactly the migrations' — checked by comparing `pg_indexes` and the constraints before
+//! and after — and both tables are `VACUUM ANALYZE`d, as autovacuum would leave them.
+//! (With the primary key kept, each insert went to a random leaf of a btree larger than
+//! memory: the first 50M fill slowed from 25 s to 100–200 s per chunk past ~30 million.)
 
 use serde::Serialize;
 use sqlx::ConnectOptions as _;
@@ -56,7 +59,16 @@ pub async fn fill(url: &str, rows: u64, progress: impl Fn(u64)) -> anyhow::Resul
         .await?;
     anyhow::ensure!(existing == 0, "the journal to fill is not empty");
     let indexes = secondary_indexes(pool).await?;
+    let keys = key_constraints(pool).await?;
     let t0 = Instant::now();
+    // Foreign keys first, then the primary key they depend on.
+    for (table, name, _) in keys.iter().rev() {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE \"{table}\" DROP CONSTRAINT \"{name}\""
+        )))
+        .execute(pool)
+        .await?;
+    }
     for (name, _) in &indexes {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX \"{name}\"")))
             .execute(pool)
@@ -88,12 +100,20 @@ pub async fn fill(url: &str, rows: u64, progress: impl Fn(u64)) -> anyhow::Resul
     }
     let inserting = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    for (_, def) in &indexes {
+    // The primary key first (it also proves the fill's keys unique), then what refers to
+    // it, then the secondary indexes.
+    let statements = keys
+        .iter()
+        .map(|(table, name, def)| {
+            format!("ALTER TABLE \"{table}\" ADD CONSTRAINT \"{name}\" {def}")
+        })
+        .chain(indexes.iter().map(|(_, def)| def.clone()));
+    for statement in statements {
         let mut conn = pool.acquire().await?;
         sqlx::raw_sql("SET maintenance_work_mem = '1GB'")
             .execute(&mut *conn)
             .await?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(def.clone()))
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(&mut *conn)
             .await?;
         sqlx::raw_sql("RESET maintenance_work_mem")
@@ -104,6 +124,11 @@ pub async fn fill(url: &str, rows: u64, progress: impl Fn(u64)) -> anyhow::Resul
     anyhow::ensure!(
         after == indexes,
         "the indexes after the fill differ from the migrations': {after:?} vs {indexes:?}"
+    );
+    let keys_after = key_constraints(pool).await?;
+    anyhow::ensure!(
+        keys_after == keys,
+        "the keys after the fill differ from the migrations': {keys_after:?} vs {keys:?}"
     );
     let indexing = t1.elapsed().as_secs_f64();
     let t2 = Instant::now();
@@ -125,6 +150,20 @@ pub async fn fill(url: &str, rows: u64, progress: impl Fn(u64)) -> anyhow::Resul
         seconds: [inserting, indexing, vacuuming],
         sizes: sizes(pool).await?,
     })
+}
+
+/// `(table, name, definition)` of the operations' primary key, then of the foreign keys
+/// that refer to it (sorted by name).
+async fn key_constraints(pool: &PgPool) -> anyhow::Result<Vec<(String, String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT conrelid::regclass::text, conname::text, pg_get_constraintdef(oid) \
+         FROM pg_constraint \
+         WHERE (contype = 'p' AND conrelid = 'agent_operations'::regclass) \
+            OR (contype = 'f' AND confrelid = 'agent_operations'::regclass) \
+         ORDER BY contype = 'f', conname",
+    )
+    .fetch_all(pool)
+    .await?)
 }
 
 /// `(name, definition)` of the journal tables' indexes that are not primary keys, sorted.

@@ -56,6 +56,29 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
     .await
     .expect("trigger state");
     assert_eq!(triggers, 1, "the insert-events trigger is enabled again");
+    // The primary key the fill dropped is back and holds: a second row of a key is refused.
+    let again = sqlx::query("INSERT INTO agent_operations SELECT * FROM agent_operations LIMIT 1")
+        .execute(&db.pool)
+        .await
+        .expect_err("a duplicate key");
+    assert_eq!(
+        again.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("23505"),
+        "{again}"
+    );
+    // And so are the foreign keys that refer to it (a review of an unknown key is refused).
+    let orphan = sqlx::query(
+        "INSERT INTO operation_reviews (idempotency_key, reason, opened_by) \
+         VALUES ('v1:' || repeat('0', 64), 'test', 'test')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect_err("a review of no operation");
+    assert_eq!(
+        orphan.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("23503"),
+        "{orphan}"
+    );
     // The fill dates live rows with their operation's age: the planned ones are overdue
     // for republishing until the steady state is set, and the scan takes them in order.
     let overdue = journal

@@ -1,8 +1,11 @@
 //! Aggregate reads over the whole journal: counts by status, the database clock, and the
 //! latency split of succeeded operations. The demo, the bench and the tests read the
 //! journal through these instead of writing their own SQL, so a schema change has one
-//! place to follow. They scan the table: fine for a demo or a measurement, not for a hot
-//! path (the workers never call them).
+//! place to follow. The counts scan the table: fine for a demo or a test, not for a hot
+//! path (the workers never call them). The reads of a given list of keys
+//! ([`Journal::succeeded_among`], [`Journal::last_update`],
+//! [`Journal::succeeded_latencies`]) go through the primary key, so the bench reads only
+//! its own run's operations and costs the same on a journal of any size.
 
 use super::{Journal, JournalError};
 use crate::status::Status;
@@ -46,29 +49,39 @@ impl Journal {
             .await?)
     }
 
-    /// The latest `updated_at` of any operation (`None` on an empty journal).
-    pub async fn last_update(&self) -> Result<Option<DateTime<Utc>>, JournalError> {
-        Ok(
-            sqlx::query_scalar("SELECT max(updated_at) FROM agent_operations")
-                .fetch_one(&self.db)
-                .await?,
+    /// Of `keys`, those whose operation is `succeeded` (a primary-key lookup each).
+    pub async fn succeeded_among(&self, keys: &[String]) -> Result<Vec<String>, JournalError> {
+        Ok(sqlx::query_scalar(
+            "SELECT idempotency_key FROM agent_operations \
+             WHERE idempotency_key = ANY($1) AND status = 'succeeded'",
         )
+        .bind(keys)
+        .fetch_all(&self.db)
+        .await?)
     }
 
-    /// The latency split of every succeeded operation recorded at or after `since` (all
-    /// of them with `None`).
-    pub async fn succeeded_latencies(
+    /// The latest `updated_at` of the operations of `keys` (`None` if none is recorded).
+    pub async fn last_update(
         &self,
-        since: Option<DateTime<Utc>>,
-    ) -> Result<Latencies, JournalError> {
+        keys: &[String],
+    ) -> Result<Option<DateTime<Utc>>, JournalError> {
+        Ok(sqlx::query_scalar(
+            "SELECT max(updated_at) FROM agent_operations WHERE idempotency_key = ANY($1)",
+        )
+        .bind(keys)
+        .fetch_one(&self.db)
+        .await?)
+    }
+
+    /// The latency split of the succeeded operations among `keys`.
+    pub async fn succeeded_latencies(&self, keys: &[String]) -> Result<Latencies, JournalError> {
         let rows: Vec<(f64, Option<f64>, Option<f64>)> = sqlx::query_as(
             "SELECT (extract(epoch FROM updated_at - created_at) * 1000)::float8, \
                     (extract(epoch FROM first_attempt_at - created_at) * 1000)::float8, \
                     (extract(epoch FROM updated_at - first_attempt_at) * 1000)::float8 \
-             FROM agent_operations WHERE status = 'succeeded' \
-               AND ($1::timestamptz IS NULL OR created_at >= $1)",
+             FROM agent_operations WHERE idempotency_key = ANY($1) AND status = 'succeeded'",
         )
-        .bind(since)
+        .bind(keys)
         .fetch_all(&self.db)
         .await?;
         let mut l = Latencies::default();
