@@ -118,13 +118,23 @@ pub struct BenchArgs {
     /// The journal at scale instead of the usual table: the end-to-end runs (full load and
     /// 50 % load, --fleet workers) and the sweeper's scans on an empty journal, then on one
     /// filled with N operations in realistic states and their events (bench/sql/
-    /// fill_journal.sql; ~1.6 GB and ~40 s per million here), with the ratios.
+    /// fill_journal.sql; ~1.5 GB and ~50 s per million here, indexes included), with the ratios.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub journal_rows: Option<u64>,
     /// With --journal-rows: keep the filled database when the bench ends (its name is
     /// printed), to look at it afterwards with psql; drop it yourself.
     #[arg(long, requires = "journal_rows")]
     pub keep_journal: bool,
+    /// The journal at scale on a database filled earlier (`--journal-rows N
+    /// --keep-journal`) instead of filling one: the same runs and table, without the fill;
+    /// the database is kept.
+    #[arg(long, value_name = "DB", conflicts_with = "journal_rows")]
+    pub filled_journal: Option<String>,
+    /// With --journal-rows or --filled-journal: pace the second run on both journals at
+    /// RATE intents/s, instead of at half of each journal's own full-load rate — the same
+    /// offered load on both, for latencies compared like with like.
+    #[arg(long, value_name = "RATE")]
+    pub paced_at: Option<f64>,
     /// Also print the figures as JSON (after the table).
     #[arg(long)]
     pub json: bool,
@@ -361,10 +371,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         run_id: run_id.clone(),
         journal_db: None,
         first_intent: 0,
-        time_sweeps: args.journal_rows.is_some(),
+        time_sweeps: args.journal_rows.is_some() || args.filled_journal.is_some(),
     };
-    if let Some(rows) = args.journal_rows {
-        return journal_at_scale(&args, env, rows).await;
+    if args.journal_rows.is_some() || args.filled_journal.is_some() {
+        return journal_at_scale(&args, env).await;
     }
 
     step(
@@ -556,7 +566,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// `--journal-rows N`: the end-to-end runs (full load, then paced at 50 % of it) and the
 /// sweeper's scans, on an empty journal and on one filled with `rows` operations; one
 /// table with the ratios (filled ÷ empty).
-async fn journal_at_scale(args: &BenchArgs, env: FleetEnv, rows: u64) -> anyhow::Result<()> {
+async fn journal_at_scale(args: &BenchArgs, env: FleetEnv) -> anyhow::Result<()> {
     let machine = sys::Machine::read();
     let s = args.settings();
     let n = s.intents;
@@ -577,9 +587,9 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv, rows: u64) -> anyhow:
         let full = fleet::run(env, spec, seq).await?;
         eprintln!("      {:.0} actions/s", full.actions_per_s);
         seq += 1;
-        let rate = full.actions_per_s / 2.0;
+        let rate = args.paced_at.unwrap_or(full.actions_per_s / 2.0);
         checkpoints.push(scale::checkpoint(&args.database_url).await);
-        eprintln!("{what}: 50 % load, paced at {rate:.0}/s");
+        eprintln!("{what}: paced at {rate:.0}/s");
         // Other intents than the full-load run's: both may run on one journal.
         let env = FleetEnv {
             first_intent: env.first_intent + n,
@@ -589,7 +599,7 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv, rows: u64) -> anyhow:
             &env,
             FleetSpec {
                 pace: Some(rate),
-                paced_percent: Some(50),
+                paced_percent: args.paced_at.is_none().then_some(50),
                 ..spec
             },
             seq,
@@ -600,6 +610,20 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv, rows: u64) -> anyhow:
     };
     let empty = pair(&env, "empty journal").await?;
 
+    if let Some(db_name) = &args.filled_journal {
+        let url = database_url(&args.database_url, db_name);
+        eprintln!("reading what {db_name} holds");
+        let (filled, next) = scale::describe(&url, db_name).await?;
+        let env = FleetEnv {
+            journal_db: Some(db_name.clone()),
+            first_intent: next,
+            ..env.clone()
+        };
+        let rows = filled.operations;
+        let full = pair(&env, &format!("journal of {rows} operations")).await?;
+        return print_scale(args, &machine, n, &filled, &empty, &full, &checkpoints);
+    }
+    let rows = args.journal_rows.unwrap_or_default();
     let db_name = format!("oncely_bench_{}_scale", env.run_id);
     sys::registry(|r| r.databases.push(db_name.clone()));
     let url = database_url(&args.database_url, &db_name);
@@ -640,10 +664,23 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv, rows: u64) -> anyhow:
     }
     sys::registry(|r| r.databases.retain(|d| d != &db_name));
     let (filled, full) = result?;
+    print_scale(args, &machine, n, &filled, &empty, &full, &checkpoints)
+}
+
+/// Print the `--journal-rows` table (and the JSON with `--json`).
+fn print_scale(
+    args: &BenchArgs,
+    machine: &sys::Machine,
+    n: usize,
+    filled: &scale::Filled,
+    empty: &[FleetResult; 2],
+    full: &[FleetResult; 2],
+    checkpoints: &[bool],
+) -> anyhow::Result<()> {
     let checkpointed = checkpoints.iter().all(|c| *c);
     println!(
         "{}",
-        scale_table(args, &machine, n, &filled, &empty, &full, checkpointed)
+        scale_table(args, machine, n, filled, empty, full, checkpointed)
     );
     if args.json {
         let v = serde_json::json!({"filled": filled, "empty": empty, "full": full});
@@ -676,11 +713,23 @@ fn scale_table(
         std::env::args().collect::<Vec<_>>().join(" ")
     );
     let _ = writeln!(t, "machine:  {}", machine.describe());
-    let _ = writeln!(
-        t,
-        "fill:     {rows} operations {:?}, {} events; insert {:.0} s, indexes {:.0} s, VACUUM ANALYZE {:.0} s",
-        filled.by_status, filled.events, filled.seconds[0], filled.seconds[1], filled.seconds[2]
-    );
+    match &filled.reused {
+        None => writeln!(
+            t,
+            "fill:     {rows} operations {:?}, {} events; insert {:.0} s, indexes {:.0} s, VACUUM ANALYZE {:.0} s",
+            filled.by_status,
+            filled.events,
+            filled.seconds[0],
+            filled.seconds[1],
+            filled.seconds[2]
+        ),
+        Some(db) => writeln!(
+            t,
+            "journal:  {db}, filled earlier: {rows} operations {:?}, ~{} events (Postgres's estimate)",
+            filled.by_status, filled.events
+        ),
+    }
+    .ok();
     let total: i64 = filled.sizes.iter().map(|(_, b)| b).sum();
     let sizes: Vec<String> = filled
         .sizes
@@ -714,7 +763,11 @@ fn scale_table(
         let prec = if a.abs().max(b.abs()) < 10.0 { 3 } else { 1 };
         let _ = writeln!(t, "{what:<52} {a:>12.prec$} {b:>12.prec$} {:>9.2}", b / a);
     };
-    for (i, load) in ["full load", "50 % load"].iter().enumerate() {
+    let paced = match args.paced_at {
+        Some(rate) => format!("paced {rate:.0}/s"),
+        None => "50 % load".to_owned(),
+    };
+    for (i, load) in ["full load", paced.as_str()].iter().enumerate() {
         let (e, f) = (&empty[i], &full[i]);
         row(
             format!("{load}: actions/s"),
@@ -774,7 +827,7 @@ fn scale_table(
     let _ = writeln!(
         t,
         "\nratio = filled ÷ empty (the issue's bound: latencies and scan times within 1.5×). \
-         Scans: EXPLAIN (ANALYZE, BUFFERS) of each sweeper scan's row selection after the 50 % run, rolled back."
+         Scans: EXPLAIN (ANALYZE, BUFFERS) of each sweeper scan's row selection after the paced run, rolled back."
     );
     t
 }

@@ -30,9 +30,12 @@ pub fn live_window(rows: u64) -> u64 {
     rows.min(1_000_000)
 }
 
-/// What the fill did.
+/// What the fill did (or, for a journal filled earlier, what it holds).
 #[derive(Debug, Clone, Serialize)]
 pub struct Filled {
+    /// The database, when the journal was filled by an earlier run (`--filled-journal`):
+    /// then `events` is Postgres's estimate and `seconds` are zero.
+    pub reused: Option<String>,
     /// Operations written.
     pub operations: u64,
     /// Events written.
@@ -144,12 +147,53 @@ pub async fn fill(url: &str, rows: u64, progress: impl Fn(u64)) -> anyhow::Resul
     .fetch_all(pool)
     .await?;
     Ok(Filled {
+        reused: None,
         operations: rows,
         events,
         by_status,
         seconds: [inserting, indexing, vacuuming],
         sizes: sizes(pool).await?,
     })
+}
+
+/// What the journal at `url` — filled by an earlier `--journal-rows … --keep-journal` —
+/// holds, and the first bench intent number no earlier run used there (the journal
+/// refuses a second operation of one business identity, whatever its key). Scans the
+/// table, before any run.
+pub async fn describe(url: &str, name: &str) -> anyhow::Result<(Filled, usize)> {
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)?.disable_statement_logging();
+    let pool = &sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await?;
+    let by_status: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT status, count(*) FROM agent_operations GROUP BY status ORDER BY status",
+    )
+    .fetch_all(pool)
+    .await?;
+    anyhow::ensure!(!by_status.is_empty(), "the journal in {name} is empty");
+    // The bench's intents are `application-N` (bench/src/intents.rs); the fill's `order-N`.
+    let used: Option<i64> = sqlx::query_scalar(
+        "SELECT max(substring(business_object FROM 13)::bigint) FROM agent_operations \
+         WHERE business_object ~ '^application-[0-9]+$'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let next = used.map_or(0, |m| m as usize + 1);
+    let events: f32 = sqlx::query_scalar(
+        "SELECT reltuples FROM pg_class WHERE oid = 'operation_events'::regclass",
+    )
+    .fetch_one(pool)
+    .await?;
+    let filled = Filled {
+        reused: Some(name.to_owned()),
+        operations: by_status.iter().map(|(_, n)| *n as u64).sum(),
+        events: events.max(0.0) as u64,
+        by_status,
+        seconds: [0.0; 3],
+        sizes: sizes(pool).await?,
+    };
+    Ok((filled, next))
 }
 
 /// `(table, name, definition)` of the operations' primary key, then of the foreign keys
