@@ -275,14 +275,8 @@ async fn measure(
     wait_consuming(&channel, &topo, spec.workers, &mut res.workers).await?;
 
     let secret = KeyRing::new(env.secret.clone().into_bytes())?;
-    let producer = Arc::new(Producer::connect(&config, secret.clone()).await?);
+    let producer = Arc::new(Producer::connect(&config, secret).await?);
     let intents = env.workload.intents(env.first_intent, n);
-    // This run's keys: the bench reads only its own operations, by primary key, so what it
-    // costs the journal does not grow with the operations already there (`--journal-rows`).
-    let keys: Vec<String> = intents
-        .iter()
-        .map(|i| Ok(i.clone().seal(&secret)?.key.as_str().to_owned()))
-        .collect::<anyhow::Result<_>>()?;
     let gateway = if spec.gateway {
         let (addr, w) = start_gateway(env, &config_path, dir).await?;
         res.workers.push(w);
@@ -300,21 +294,35 @@ async fn measure(
     });
     let mut enqueue_seconds = None;
     let mut last = (0i64, Instant::now());
+    // The bench reads only this run's operations, by primary key, so what it costs the
+    // journal does not grow with the operations already there (`--journal-rows`). Their
+    // keys are the ones the provider saw (the gateway path derives them with its token's
+    // tenant, so they are taken from the sandbox, not computed here).
+    let mut keys: Vec<String> = Vec::new();
     // The run's keys not yet seen succeeded: each poll looks up only these.
-    let mut pending: std::collections::HashSet<String> = keys.iter().cloned().collect();
+    let mut pending: std::collections::HashSet<String> = Default::default();
     loop {
         tokio::time::sleep(POLL).await;
         // The sandbox's ledger (in memory, free) gates the journal's lookups: the first
         // one reads every key of the run, too much to run 20 times a second beside the
         // system under test. The end time comes from the journal.
-        let effects = res.sandbox.as_ref().map_or(0, |s| s.effects().keys.len());
-        if effects >= n && !pending.is_empty() {
+        let seen = res.sandbox.as_ref().map(|s| s.effects().keys);
+        let effects = seen.as_ref().map_or(0, |k| k.len());
+        if effects >= n && keys.is_empty() {
+            keys = seen.into_iter().flat_map(|k| k.into_keys()).collect();
+            pending = keys.iter().cloned().collect();
+        }
+        if !pending.is_empty() {
             let ask: Vec<String> = pending.iter().cloned().collect();
             for k in journal.succeeded_among(&ask).await? {
                 pending.remove(&k);
             }
         }
-        let done = (n - pending.len()) as i64;
+        let done = if keys.is_empty() {
+            0
+        } else {
+            (keys.len() - pending.len()) as i64
+        };
         let progress = effects as i64 + done;
         if enqueuing.as_ref().is_some_and(|h| h.is_finished())
             && let Some(h) = enqueuing.take()
