@@ -52,7 +52,7 @@ pub async fn delete_queue(amqp_url: &str, queue: &str) -> anyhow::Result<()> {
     let conn = topology::connect(&BrokerConfig::at(amqp_url), "oncely-bench-cleanup").await?;
     let ch = conn.create_channel().await?;
     ch.queue_delete(queue.into(), Default::default()).await?;
-    let _ = conn.close(200, "bench cleanup".into()).await;
+    oncely_core::amqp::close(&conn, "bench", "bench cleanup").await;
     Ok(())
 }
 
@@ -135,8 +135,8 @@ async fn measure(
     let last_ack = consuming.await??;
     let cpu = cpu.finish(&[]);
     let seconds = last_ack.duration_since(started).as_secs_f64();
-    let _ = cconn.close(200, "bench done".into()).await;
-    let _ = pconn.close(200, "bench done".into()).await;
+    oncely_core::amqp::close(&cconn, "bench", "bench done").await;
+    oncely_core::amqp::close(&pconn, "bench", "bench done").await;
     Ok(BrokerResult {
         messages: n,
         seconds,

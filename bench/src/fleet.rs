@@ -392,7 +392,7 @@ async fn measure(
     }
     drop(producer);
     pool.close().await;
-    let _ = conn.close(200, "bench done".into()).await;
+    oncely_core::amqp::close(&conn, "bench", "bench done").await;
     Ok(FleetResult {
         workers: spec.workers,
         sandbox_latency_ms: spec.latency_ms,

@@ -229,7 +229,7 @@ pub async fn delete_topology(amqp_url: &str, prefix: &str) -> anyhow::Result<()>
         ..BrokerConfig::default()
     });
     topo.delete(&ch, &ACTIONS).await?;
-    let _ = conn.close(200, "bench cleanup".into()).await;
+    oncely_core::amqp::close(&conn, "bench", "bench cleanup").await;
     Ok(())
 }
 

@@ -52,7 +52,7 @@ impl Services {
         pool.close().await;
         // The error names the broker (never the password).
         let conn = topology::connect(&BrokerConfig::at(amqp_url), "oncely-bench-probe").await?;
-        let _ = conn.close(200, "probe".into()).await;
+        oncely_core::amqp::close(&conn, "bench", "probe").await;
         Ok(Services {
             postgres: db::describe(database_url),
             postgres_version: version,

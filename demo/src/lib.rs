@@ -275,10 +275,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
 
     trigger.fire();
-    // The workers stop within a second or two of the trigger. Once, in CI (2026-12-05), one
-    // did not (its consumer was still registered at RabbitMQ 20 minutes later) and the demo
-    // never exited: a shutdown bug not yet found. The wait is bounded so the demo still
-    // ends, and says so loudly instead of hanging.
+    // The workers stop within a second or two of the trigger; every step of their stop that
+    // waits on the broker is bounded (oncely_core::amqp::STOP_TIMEOUT). Before that bound,
+    // lapin's connection close once never returned and the demo (and CI) hung; this wait
+    // stays as a guard, and says so loudly instead of hanging.
     for (i, w) in workers.into_iter().enumerate() {
         if tokio::time::timeout(WORKER_STOP, w).await.is_err() {
             eprintln!(
@@ -295,7 +295,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(WORKER_STOP, pool.close()).await;
         let _ = db::drop_database(&db_url).await;
     }
-    let _ = tokio::time::timeout(WORKER_STOP, conn.close(200, "demo done".into())).await;
+    oncely_core::amqp::close(&conn, "demo", "demo done").await;
     sandbox.shutdown().await;
     if ok {
         Ok(())

@@ -1,6 +1,8 @@
 //! A TCP proxy that can be cut: every open connection is closed and new ones are closed
 //! at once, until it is restored. Used to take Postgres "down" for one process without
-//! stopping the server the other tests share.
+//! stopping the server the other tests share. It can also be frozen: connections stay
+//! open and nothing is forwarded either way (a partition without resets, or a server that
+//! stops answering).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +16,7 @@ pub struct Proxy {
     pub port: u16,
     up: Arc<AtomicBool>,
     generation: watch::Sender<u64>,
+    frozen: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -26,7 +29,8 @@ impl Proxy {
         let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
         let up = Arc::new(AtomicBool::new(true));
         let (generation, _) = watch::channel(0u64);
-        let (up2, gen2) = (up.clone(), generation.clone());
+        let (frozen, _) = watch::channel(false);
+        let (up2, gen2, frozen2) = (up.clone(), generation.clone(), frozen.clone());
         let task = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 if !up2.load(Ordering::SeqCst) {
@@ -34,6 +38,7 @@ impl Proxy {
                     continue;
                 }
                 let mut cut = gen2.subscribe();
+                let mut freeze = frozen2.subscribe();
                 tokio::spawn(async move {
                     let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                         return;
@@ -41,6 +46,10 @@ impl Proxy {
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
                         _ = cut.changed() => {}
+                        _ = async { let _ = freeze.wait_for(|f| *f).await; } => {
+                            // Hold both sockets open, forward nothing, until cut or dropped.
+                            let _ = cut.changed().await;
+                        }
                     }
                 });
             }
@@ -49,6 +58,7 @@ impl Proxy {
             port,
             up,
             generation,
+            frozen,
             task,
         }
     }
@@ -57,6 +67,11 @@ impl Proxy {
     pub fn cut(&self) {
         self.up.store(false, Ordering::SeqCst);
         self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Stop forwarding, keeping every connection open: the other side stops answering.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
     }
 
     /// Accept connections again.

@@ -91,8 +91,9 @@ impl Session {
         anyhow::bail!("queue {queue} is unusable: {problem}")
     }
 
-    /// Close the connection (best effort: it may already be gone).
-    pub async fn close(self, why: &str) {
-        let _ = self.conn.close(200, why.into()).await;
+    /// Close the connection (best effort: it may already be gone), waiting for the broker
+    /// at most [`oncely_core::amqp::STOP_TIMEOUT`].
+    pub async fn close(self, who: &str, why: &str) {
+        oncely_core::amqp::close(&self.conn, who, why).await;
     }
 }

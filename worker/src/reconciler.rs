@@ -127,7 +127,7 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
     sweeper.abort();
     let all = u32::try_from(rc.concurrency).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(rc.check_lease, sem.acquire_many(all)).await;
-    broker.close("reconciler stopping").await;
+    broker.close(&ctx.owner, "reconciler stopping").await;
     if lost {
         Err(anyhow::anyhow!("connection to RabbitMQ lost"))
     } else {

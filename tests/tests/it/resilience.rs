@@ -256,6 +256,24 @@ const NO_REPUBLISH_RECONCILER: ReconcilerConfig = ReconcilerConfig {
     ..FAST_RECONCILER
 };
 
+/// The process exits 0 within `deadline` (of the SIGTERM just sent): a liveness bound.
+async fn exits_zero(p: &mut Proc, deadline: Duration) {
+    let status = tokio::time::timeout(deadline, p.child.wait())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "did not exit within {deadline:?} of SIGTERM; its log:\n{}",
+                p.logs()
+            )
+        })
+        .expect("wait for the process");
+    assert!(
+        status.success(),
+        "SIGTERM exits 0, got {status}; its log:\n{}",
+        p.logs()
+    );
+}
+
 /// SIGTERM in the middle of a run: the worker stops intake, hands buffered deliveries
 /// back, lets in-flight calls finish and commit, and exits 0. A new worker (and a
 /// reconciler for anything a cut call could have left behind) finishes the rest:
@@ -281,20 +299,7 @@ async fn sigterm_mid_run_exits_zero_loses_nothing_and_executes_nothing_twice() {
     wait_succeeded_at_least(&fleet, 50, "the worker to be under way").await;
 
     worker.signal("TERM");
-    let status = tokio::time::timeout(Duration::from_secs(30), worker.child.wait())
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "the worker did not exit within 30s of SIGTERM; its log:\n{}",
-                worker.logs()
-            )
-        })
-        .expect("wait for the worker");
-    assert!(
-        status.success(),
-        "SIGTERM exits 0, got {status}; its log:\n{}",
-        worker.logs()
-    );
+    exits_zero(&mut worker, Duration::from_secs(30)).await;
     // In-flight calls were waited for and committed: nothing is left mid-call.
     let executing = count(&fleet.db.pool, "executing").await.expect("count");
     assert_eq!(
@@ -311,4 +316,35 @@ async fn sigterm_mid_run_exits_zero_loses_nothing_and_executes_nothing_twice() {
     let mut procs = vec![fleet.worker(), fleet.reconciler()];
     assert_exactly_once(&fleet, 1000).await;
     assert_alive(&mut procs);
+}
+
+/// SIGTERM while RabbitMQ has stopped answering (a frozen proxy: connections open, nothing
+/// forwarded): every step of the worker's stop that waits on the broker (the consumers'
+/// cancel, the connection close) gives up after its bound, and the worker exits 0 instead
+/// of waiting forever. Before the bound, lapin's cancel and close waited with no limit:
+/// the same hang that once kept the demo (and CI) from ending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_even_when_the_broker_stopped_answering() {
+    let fleet = Fleet::new().await;
+    let proxy = oncely_tests::proxy::Proxy::start(5672).await;
+    let url = fleet
+        .config
+        .broker
+        .url
+        .replace(":5672/", &format!(":{}/", proxy.port));
+    assert_ne!(url, fleet.config.broker.url, "the broker is on port 5672");
+    let mut worker = fleet.spawn_with_env(&["run"], &[("ONCELY_AMQP_URL", &url)]);
+    let producer = fleet.producer().await;
+    enqueue(&producer, (0..3).map(intent).collect()).await;
+    wait_succeeded_at_least(&fleet, 3, "the worker to consume through the proxy").await;
+
+    proxy.freeze();
+    worker.signal("TERM");
+    exits_zero(&mut worker, Duration::from_secs(60)).await;
+    let logs = worker.logs();
+    assert!(
+        logs.contains("did not answer the consumers' cancel in time")
+            && logs.contains("did not answer the connection close in time"),
+        "the bounds, not the broker, ended the stop; its log:\n{logs}"
+    );
 }

@@ -149,14 +149,18 @@ fn check(
 /// Cancel the consumers and hand every buffered delivery back to its queue.
 pub(super) async fn stop(consumers: Consumers, mut rx: mpsc::Receiver<Incoming>) {
     for (ch, tag) in &consumers.0 {
-        let _ = ch
+        let cancelled = ch
             .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
             .await;
+        tracing::debug!(tag, ok = cancelled.is_ok(), "consumer cancelled");
     }
     rx.close();
+    let mut requeued = 0usize;
     while let Some(inc) = rx.recv().await {
         effects::requeue(&inc.delivery).await;
+        requeued += 1;
     }
+    tracing::debug!(requeued, "buffered deliveries handed back");
 }
 
 #[cfg(test)]

@@ -15,7 +15,8 @@
 //!
 //! Shutdown: consumers are cancelled, buffered deliveries are nacked back to the queue,
 //! in-flight calls finish and commit (bounded by the provider timeout), outcomes are
-//! flushed, the connection is closed.
+//! flushed, the connection is closed. The steps that wait on the broker (cancel, close)
+//! give up after [`oncely_core::amqp::STOP_TIMEOUT`] each.
 //!
 //! # Layout
 //! One file per step of a delivery's life:
@@ -33,6 +34,7 @@ mod intake;
 use crate::broker::Session;
 use crate::context::Context;
 use crate::shutdown::Shutdown;
+use oncely_core::amqp::STOP_TIMEOUT;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
@@ -69,9 +71,23 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
         }
     };
     // Stop intake, hand back what is buffered, let in-flight calls finish and commit.
-    intake::stop(consumers, rx).await;
+    // Each step that waits on the broker is bounded (STOP_TIMEOUT): a broker that stops
+    // answering must not keep the worker from stopping. Deliveries not handed back are
+    // redelivered when the connection ends.
+    tracing::debug!(lost, "worker session ending: stopping intake");
+    if tokio::time::timeout(STOP_TIMEOUT, intake::stop(consumers, rx))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            timeout = ?STOP_TIMEOUT,
+            "RabbitMQ did not answer the consumers' cancel in time; what this worker holds is redelivered when its connection ends"
+        );
+    }
     drain(ctx, &sem, commit_tx, committer).await;
-    broker.close("worker stopping").await;
+    tracing::debug!("in-flight calls drained; closing the connection");
+    broker.close(&ctx.owner, "worker stopping").await;
+    tracing::debug!("worker session ended");
     if lost {
         Err(anyhow::anyhow!("connection to RabbitMQ lost"))
     } else {
