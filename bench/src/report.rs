@@ -33,6 +33,9 @@ pub struct Services {
     pub postgres_version: String,
     /// `SHOW synchronous_commit` (each commit waits for its WAL fsync when `on`).
     pub synchronous_commit: String,
+    /// The TLS version of the bench's connection (`TLSv1.3`) or `off`; workers use the
+    /// same URL, so the same `sslmode`.
+    pub postgres_tls: String,
     /// `user@host:port/vhost` of RabbitMQ.
     pub rabbitmq: String,
 }
@@ -48,15 +51,16 @@ impl Services {
             },
         )
         .await?;
-        let (version, sync) = db::server_facts(&pool).await?;
+        let facts = db::server_facts(&pool).await?;
         pool.close().await;
         // The error names the broker (never the password).
         let conn = topology::connect(&BrokerConfig::at(amqp_url), "oncely-bench-probe").await?;
         oncely_core::amqp::close(&conn, "bench", "probe").await;
         Ok(Services {
             postgres: db::describe(database_url),
-            postgres_version: version,
-            synchronous_commit: sync,
+            postgres_version: facts.version,
+            synchronous_commit: facts.synchronous_commit,
+            postgres_tls: facts.tls,
             rabbitmq: topology::describe_amqp(amqp_url),
         })
     }
@@ -332,8 +336,8 @@ impl Report {
         let _ = writeln!(o, "machine:  {}", m.describe());
         let _ = writeln!(
             o,
-            "services: PostgreSQL {} (synchronous_commit={}) {}, RabbitMQ {}",
-            sv.postgres_version, sv.synchronous_commit, sv.postgres, sv.rabbitmq
+            "services: PostgreSQL {} (synchronous_commit={}, TLS {}) {}, RabbitMQ {}",
+            sv.postgres_version, sv.synchronous_commit, sv.postgres_tls, sv.postgres, sv.rabbitmq
         );
         let _ = writeln!(
             o,

@@ -699,15 +699,39 @@ pub async fn drop_database(url: &str) -> Result<(), DbError> {
     })
 }
 
-/// The server's version and its `synchronous_commit` setting (the bench prints both).
-pub async fn server_facts(pool: &PgPool) -> Result<(String, String), sqlx::Error> {
+/// What the bench prints of the server it measured.
+#[derive(Debug, Clone)]
+pub struct ServerFacts {
+    /// `SHOW server_version`.
+    pub version: String,
+    /// `SHOW synchronous_commit`.
+    pub synchronous_commit: String,
+    /// This connection's TLS version (`TLSv1.3`), or `off`: with the URL's `sslmode`
+    /// (`prefer` when unset) a server with `ssl = on` — Debian's default — is reached
+    /// over TLS, which costs CPU on both sides of every statement.
+    pub tls: String,
+}
+
+/// The server's version, its `synchronous_commit` setting and whether this pool's
+/// connections use TLS (the bench prints all three).
+pub async fn server_facts(pool: &PgPool) -> Result<ServerFacts, sqlx::Error> {
     let version: String = sqlx::query_scalar("SHOW server_version")
         .fetch_one(pool)
         .await?;
-    let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+    let synchronous_commit: String = sqlx::query_scalar("SHOW synchronous_commit")
         .fetch_one(pool)
         .await?;
-    Ok((version, sync))
+    let tls: String = sqlx::query_scalar(
+        "SELECT coalesce((SELECT version FROM pg_stat_ssl \
+         WHERE pid = pg_backend_pid() AND ssl), 'off')",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(ServerFacts {
+        version,
+        synchronous_commit,
+        tls,
+    })
 }
 
 #[cfg(test)]
