@@ -59,6 +59,8 @@ pub struct FleetEnv {
     /// Time the sweeper's scans once the run is done (`--journal-rows` only: the usual
     /// table does not print them).
     pub time_sweeps: bool,
+    /// Every worker's `linger`.
+    pub linger: Duration,
 }
 
 /// One run's settings.
@@ -221,6 +223,7 @@ fn fleet_config(
     config.worker.max_in_flight = in_flight.unwrap_or(c).into();
     config.worker.batch = c.into();
     config.worker.db_connections = 8;
+    config.worker.linger = env.linger;
     config.point_at_sandbox(sandbox);
     for policy in config.actions.values_mut() {
         policy.lease = Duration::from_secs(60);

@@ -83,6 +83,10 @@ pub struct BenchArgs {
     /// Calls in flight per worker (`prefetch` = `max_in_flight`) in the slow-provider row.
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..))]
     pub slow_in_flight: u16,
+    /// Every worker's `linger` in ms: how long a claim or commit batch waits for more work
+    /// after its first item (docs/performance.md "Linger").
+    #[arg(long, value_name = "MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub linger_ms: u64,
     /// CI smoke test: 1000 intents, workers 1,2, latency 0, the 50 % point only, no
     /// slow-provider row (explicit flags still win).
     #[arg(long)]
@@ -372,6 +376,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         journal_db: None,
         first_intent: 0,
         time_sweeps: args.journal_rows.is_some() || args.filled_journal.is_some(),
+        linger: std::time::Duration::from_millis(args.linger_ms),
     };
     if args.journal_rows.is_some() || args.filled_journal.is_some() {
         return journal_at_scale(&args, env).await;
@@ -543,6 +548,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             confirm_window: broker::CONFIRM_WINDOW,
             enqueue_chunk: fleet::ENQUEUE_CHUNK,
             fleet: s.fleet,
+            linger_ms: args.linger_ms,
         },
         report::Measured {
             broker,

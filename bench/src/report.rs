@@ -81,6 +81,8 @@ pub struct Workload {
     pub enqueue_chunk: usize,
     /// Workers of the headline runs.
     pub fleet: usize,
+    /// Every worker's `linger` (ms).
+    pub linger_ms: u64,
 }
 
 /// A design target and whether this run reached it.
@@ -342,8 +344,8 @@ impl Report {
         let _ = writeln!(
             o,
             "workload: {} operations per measurement (email.send, ticket.create, payment_order.create in turn), \
-             {:.0}-byte messages, C = {}",
-            w.intents, w.message_bytes, w.concurrency
+             {:.0}-byte messages, C = {}, worker linger {} ms",
+            w.intents, w.message_bytes, w.concurrency, w.linger_ms
         );
         let _ = writeln!(o);
 

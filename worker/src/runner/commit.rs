@@ -57,7 +57,9 @@ pub(super) async fn commit_loop(
         .map(|p| p.lease)
         .min()
         .unwrap_or(Duration::from_secs(60));
-    while let Some(batch) = intake::next_batch(&mut rx, max).await {
+    let linger = ctx.config.worker.linger;
+    while let Some(first) = rx.recv().await {
+        let batch = intake::fill_batch(&mut rx, first, max, linger).await;
         commit_batch(&ctx, &publisher, batch, give_up).await;
     }
 }

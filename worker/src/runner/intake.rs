@@ -16,6 +16,7 @@ use lapin::{Channel, Consumer};
 use oncely_core::publish::Publisher;
 use oncely_core::{ActionType, Envelope, KeyRing};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// A delivery and the action type of the queue it came from.
@@ -80,17 +81,42 @@ async fn forward(mut consumer: Consumer, action: Arc<str>, tx: mpsc::Sender<Inco
     }
 }
 
-/// The next batch: waits for one delivery, then takes what is already buffered, up to
-/// `max`. `None` when every consumer has stopped (the connection is gone).
-pub(super) async fn next_batch<T>(rx: &mut mpsc::Receiver<T>, max: usize) -> Option<Vec<T>> {
-    let mut batch = vec![rx.recv().await?];
+/// A batch that starts with `first`: what is already buffered, up to `max`, and, for a
+/// non-zero `linger`, what arrives within `linger` of now. Returns early when the batch
+/// is full or every sender is gone. The caller receives `first` itself, so that only
+/// that wait races shutdown: once a batch has started it is always handed on whole.
+pub(super) async fn fill_batch<T>(
+    rx: &mut mpsc::Receiver<T>,
+    first: T,
+    max: usize,
+    linger: Duration,
+) -> Vec<T> {
+    let mut batch = vec![first];
+    take_buffered(rx, &mut batch, max);
+    if linger.is_zero() || batch.len() >= max {
+        return batch;
+    }
+    let deadline = tokio::time::Instant::now() + linger;
+    while batch.len() < max {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(item)) => {
+                batch.push(item);
+                take_buffered(rx, &mut batch, max);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// Move what `rx` already holds into `batch`, up to `max` items in all.
+fn take_buffered<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, max: usize) {
     while batch.len() < max {
         match rx.try_recv() {
-            Ok(d) => batch.push(d),
+            Ok(item) => batch.push(item),
             Err(_) => break,
         }
     }
-    Some(batch)
 }
 
 /// Keep the valid deliveries; dead-letter the others.
@@ -210,5 +236,44 @@ mod tests {
             Some("too_large")
         );
         assert!(reason(run(b"{not json", "email.send", true)).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_takes_what_is_buffered_then_lingers_for_more() {
+        let (tx, mut rx) = mpsc::channel(16);
+        for i in 1..=3 {
+            tx.send(i).await.expect("send");
+        }
+        // No linger: what is buffered, capped at max.
+        assert_eq!(fill_batch(&mut rx, 0, 3, Duration::ZERO).await, [0, 1, 2]);
+        assert_eq!(fill_batch(&mut rx, 9, 8, Duration::ZERO).await, [9, 3]);
+        // A linger waits for items that arrive within it, and no longer.
+        let late = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            late.send(4).await.expect("send");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            late.send(5).await.expect("send");
+        });
+        let start = tokio::time::Instant::now();
+        let batch = fill_batch(&mut rx, 0, 8, Duration::from_millis(5)).await;
+        assert_eq!(batch, [0, 4]);
+        assert_eq!(start.elapsed(), Duration::from_millis(5));
+        // A full batch does not wait.
+        tx.send(6).await.expect("send");
+        let start = tokio::time::Instant::now();
+        assert_eq!(
+            fill_batch(&mut rx, 0, 2, Duration::from_secs(1)).await,
+            [0, 6]
+        );
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // Senders gone: the batch ends at once.
+        drop(tx);
+        let start = tokio::time::Instant::now();
+        assert_eq!(
+            fill_batch(&mut rx, 0, 8, Duration::from_secs(1)).await,
+            [0, 5]
+        );
+        assert!(start.elapsed() < Duration::from_secs(1));
     }
 }

@@ -63,8 +63,9 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
         tokio::select! {
             biased;
             _ = shutdown.wait() => break false,
-            batch = intake::next_batch(&mut rx, batch_max) => {
-                let Some(batch) = batch else { break true };
+            first = rx.recv() => {
+                let Some(first) = first else { break true };
+                let batch = intake::fill_batch(&mut rx, first, batch_max, w.linger).await;
                 let valid = intake::validate(ctx, &publisher, batch).await;
                 claim::claim_and_dispatch(ctx, &publisher, valid, &sem, &commit_tx).await;
             }
