@@ -25,6 +25,8 @@ pub const PROVIDER_CALL_SECONDS: &str = "oncely_provider_call_seconds";
 pub const PROVIDER_REFUSALS: &str = "oncely_provider_refusals_total";
 /// Deliveries per claim statement.
 pub const CLAIM_BATCH_SIZE: &str = "oncely_claim_batch_size";
+/// Intents per record statement (producers, the gateway: requests recorded together).
+pub const RECORD_BATCH_SIZE: &str = "oncely_record_batch_size";
 /// Journal statement latency (seconds), by `statement`.
 pub const JOURNAL_STATEMENT_SECONDS: &str = "oncely_journal_statement_seconds";
 /// Reconciler decisions, by `action_type` and `decision`.
@@ -75,7 +77,8 @@ fn builder() -> Result<PrometheusBuilder, String> {
     PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
         .and_then(|b| {
-            b.set_buckets_for_metric(Matcher::Full(CLAIM_BATCH_SIZE.into()), BATCH_BUCKETS)
+            // oncely_claim_batch_size, oncely_record_batch_size.
+            b.set_buckets_for_metric(Matcher::Suffix("_batch_size".into()), BATCH_BUCKETS)
         })
         .map_err(|e| e.to_string())
 }

@@ -7,6 +7,7 @@
 //!
 //! # Layout
 //! - [`service`]: what the gateway does, for both front ends.
+//! - [`coalesce`]: concurrent requests recorded and published as one batch.
 //! - [`http`]: the HTTP API, `/openapi.json`, the ops listener.
 //! - [`mcp`]: the MCP tool server (streamable HTTP at `/mcp`, stdio).
 //! - [`tokens`]: bearer tokens, tenants, allowed action types.
@@ -15,6 +16,7 @@
 
 pub mod cli;
 pub mod client_keys;
+pub mod coalesce;
 pub mod desk;
 pub mod http;
 pub mod mcp;

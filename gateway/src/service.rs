@@ -2,6 +2,7 @@
 //! check, record + publish through the producer SDK, read status, wait.
 
 use crate::client_keys::{self, Begin};
+use crate::coalesce::{Coalescer, IN_FLIGHT, MAX_BATCH};
 pub use crate::tokens::Caller;
 use crate::tokens::Tokens;
 use oncely_core::config::Config;
@@ -160,7 +161,7 @@ impl ApiError {
     }
 }
 
-fn journal_error(e: JournalError) -> ApiError {
+fn journal_error(e: &JournalError) -> ApiError {
     if e.is_retryable() {
         tracing::warn!(error = %e, "journal unavailable");
         ApiError::unavailable(
@@ -186,6 +187,8 @@ pub struct Service {
     tokens: Tokens,
     schemas: PayloadSchemas,
     producer: RwLock<Arc<Producer>>,
+    /// Every enqueue goes through here, to be recorded with the requests beside it.
+    enqueues: Coalescer<(Arc<Producer>, Intent), Answer>,
     reconnecting: AtomicBool,
     /// Longest `wait` accepted.
     pub max_wait: Duration,
@@ -209,6 +212,7 @@ impl Service {
             tokens,
             schemas,
             producer: RwLock::new(Arc::new(producer)),
+            enqueues: Coalescer::start(IN_FLIGHT, MAX_BATCH, enqueue_batch),
             reconnecting: AtomicBool::new(false),
             max_wait: MAX_WAIT,
         });
@@ -305,11 +309,14 @@ impl Service {
         }
         body.insert("action_type".into(), Value::String(action_type.to_owned()));
         body.insert("tenant".into(), Value::String(caller.tenant.clone()));
-        let intent = Intent::from_json(Value::Object(body)).map_err(invalid_intent)?;
+        let intent = Intent::from_json(Value::Object(body)).map_err(|e| invalid_intent(&e))?;
         if let Err(v) = self.schemas.check(action_type, &intent.payload) {
             return Err(ApiError::new(400, "schema_violation", v.message).at(v.path));
         }
-        let envelope = intent.clone().seal(&self.secret).map_err(invalid_intent)?;
+        let envelope = intent
+            .clone()
+            .seal(&self.secret)
+            .map_err(|e| invalid_intent(&e))?;
         let key = envelope.key.as_str().to_owned();
         let pool = self.producer().await.journal().db().clone();
         let owner = match client_key {
@@ -325,7 +332,7 @@ impl Service {
                     .collect();
                 match client_keys::begin(&pool, &caller.tenant, ck, &fps)
                     .await
-                    .map_err(|e| journal_error(e.into()))?
+                    .map_err(|e| journal_error(&e.into()))?
                 {
                     Begin::Proceed { owner } => owner,
                     Begin::InProgress => {
@@ -364,7 +371,18 @@ impl Service {
     /// Record and publish; map the producer's answer.
     async fn enqueue(&self, intent: Intent, key: &str) -> Result<Submitted, ApiError> {
         let producer = self.producer().await;
-        match producer.enqueue(intent).await {
+        let answer = match self.enqueues.submit((producer.clone(), intent)).await {
+            Some(Ok(answer)) => answer,
+            Some(Err(whole_batch)) => return Err(batch_error(&whole_batch)),
+            None => {
+                return Err(ApiError::new(
+                    500,
+                    "internal",
+                    "the request's batch was lost (see the gateway's log); retrying is safe",
+                ));
+            }
+        };
+        match answer {
             Ok(Enqueued::Enqueued { key }) => Ok(Submitted::Enqueued {
                 key: key.as_str().to_owned(),
             }),
@@ -373,7 +391,7 @@ impl Service {
                     .journal()
                     .get_without_payload(&key)
                     .await
-                    .map_err(journal_error)?;
+                    .map_err(|e| journal_error(&e))?;
                 // A purge between the two reads: the key is forgotten; report it as planned.
                 let view = op
                     .as_ref()
@@ -398,8 +416,8 @@ impl Service {
                 self.reconnect_soon(producer);
                 Err(ApiError::unavailable("broker_unavailable", "RabbitMQ is unavailable: the action is recorded and will be published when it is back (retrying is safe and reports it)").with_key(key))
             }
-            Err(ProducerError::Journal(e)) => Err(journal_error(e)),
-            Err(ProducerError::Invalid(e)) => Err(invalid_intent(e)),
+            Err(ProducerError::Journal(e)) => Err(journal_error(&e)),
+            Err(ProducerError::Invalid(e)) => Err(invalid_intent(&e)),
             Err(ProducerError::Connect(e)) => {
                 tracing::warn!(error = %e, "producer unavailable");
                 Err(ApiError::unavailable(
@@ -463,7 +481,7 @@ impl Service {
             .journal()
             .get_without_payload(&key)
             .await
-            .map_err(journal_error)?;
+            .map_err(|e| journal_error(&e))?;
         owned(caller, op).map(|op| ActionView::of(&op))
     }
 
@@ -489,7 +507,7 @@ impl Service {
         let op = watcher
             .wait(producer.journal(), &key, timeout.min(self.max_wait))
             .await
-            .map_err(journal_error)?;
+            .map_err(|e| journal_error(&e))?;
         owned(caller, op).map(|op| ActionView::of(&op))
     }
 
@@ -521,9 +539,67 @@ pub fn tool_name(action_type: &str) -> String {
 }
 
 /// A refused intent → 400 naming the field.
-fn invalid_intent(e: EnvelopeError) -> ApiError {
+/// One request's answer from a batch: its own result, or the whole batch's failure.
+type Answer = Result<Result<Enqueued, ProducerError>, Arc<ProducerError>>;
+
+/// Record and publish a batch of requests' intents (see [`crate::coalesce`]): one
+/// `enqueue_many` per producer among them (two only around a reconnect).
+async fn enqueue_batch(mut jobs: Vec<(Arc<Producer>, Intent)>) -> Vec<Answer> {
+    let mut answers: Vec<Option<Answer>> = (0..jobs.len()).map(|_| None).collect();
+    let mut index: Vec<usize> = (0..jobs.len()).collect();
+    while let Some((producer, _)) = jobs.first() {
+        let producer = producer.clone();
+        let (same, rest): (Vec<_>, Vec<_>) = jobs
+            .into_iter()
+            .zip(index)
+            .partition(|((p, _), _)| Arc::ptr_eq(p, &producer));
+        (jobs, index) = rest.into_iter().unzip();
+        let (intents, slots): (Vec<Intent>, Vec<usize>) =
+            same.into_iter().map(|((_, i), slot)| (i, slot)).unzip();
+        match producer.enqueue_many(intents).await {
+            Ok(results) => {
+                for (r, slot) in results.into_iter().zip(&slots) {
+                    answers[*slot] = Some(Ok(r));
+                }
+            }
+            Err(e) => {
+                let e = Arc::new(e);
+                for slot in &slots {
+                    answers[*slot] = Some(Err(e.clone()));
+                }
+            }
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| {
+            a.unwrap_or_else(|| {
+                Err(Arc::new(ProducerError::Connect(
+                    "internal: no answer".into(),
+                )))
+            })
+        })
+        .collect()
+}
+
+/// A whole batch's failure, as each of its requests is told.
+fn batch_error(e: &ProducerError) -> ApiError {
+    match e {
+        ProducerError::Journal(e) => journal_error(e),
+        ProducerError::Invalid(e) => invalid_intent(e),
+        ProducerError::Publish(_) | ProducerError::Connect(_) => {
+            tracing::warn!(error = %e, "producer unavailable");
+            ApiError::unavailable(
+                "unavailable",
+                "the gateway cannot reach Postgres or RabbitMQ; retry later",
+            )
+        }
+    }
+}
+
+fn invalid_intent(e: &EnvelopeError) -> ApiError {
     use oncely_core::identity::IdentityError as I;
-    let field = match &e {
+    let field = match e {
         EnvelopeError::UnknownField(f) => Some(f.to_string()),
         EnvelopeError::Field { field, .. } => Some((*field).to_owned()),
         EnvelopeError::Identity(

@@ -210,6 +210,7 @@ impl Producer {
         pending: &mut Vec<(usize, IdempotencyKey, Pending)>,
     ) -> Result<(), ProducerError> {
         let envelopes: Vec<Envelope> = chunk.iter().map(|(_, e)| e.clone()).collect();
+        metrics::histogram!(m::RECORD_BATCH_SIZE).record(chunk.len() as f64);
         let recorded = timed("record", self.journal.record_many(&envelopes, &self.actor)).await?;
         for ((i, env), rec) in chunk.iter().zip(recorded) {
             let publish = match &rec {

@@ -530,3 +530,59 @@ async fn rabbitmq_down_keeps_the_recorded_action_and_runs_it_once_after() {
     assert_eq!(fleet.sandbox.effects().count(&key), 1, "one effect");
     assert_eq!(fleet.sandbox.effects().total, 2);
 }
+
+/// The same request from 24 agents at once: the gateway records requests that arrive
+/// together as one batch, and each is still told what it would have been told alone —
+/// one `202`, the others `200` duplicates with the same key — and one email is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_request_from_many_agents_at_once_is_recorded_once() {
+    let fleet = fleet().await;
+    let _worker = fleet.worker();
+    let gw = Gateway::start(&fleet, &[TOKEN_A]).await;
+    let mut clients = Vec::new();
+    for _ in 0..24 {
+        clients.push(gw.client(TOKEN_A.token).await);
+    }
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|mut c| {
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                let r = c.submit("email.send", &body(7, "email.send")).await;
+                (
+                    r.status,
+                    r.body["key"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    let mut keys = HashSet::new();
+    for t in tasks {
+        let (status, key) = t.await.expect("client");
+        statuses.push(status);
+        keys.insert(key);
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses[0], 200, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 202).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        23,
+        "{statuses:?}"
+    );
+    assert_eq!(keys.len(), 1, "one key: {keys:?}");
+    let key = keys.into_iter().next().expect("key");
+    eventually("the action succeeded", DEADLINE, || async {
+        (fleet.count("succeeded").await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(fleet.sandbox.effects().count(&key), 1, "one email");
+    assert_eq!(fleet.sandbox.effects().total, 1);
+}
