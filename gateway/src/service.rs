@@ -538,7 +538,6 @@ pub fn tool_name(action_type: &str) -> String {
     action_type.replace('.', "_")
 }
 
-/// A refused intent → 400 naming the field.
 /// One request's answer from a batch: its own result, or the whole batch's failure.
 type Answer = Result<Result<Enqueued, ProducerError>, Arc<ProducerError>>;
 
@@ -597,6 +596,7 @@ fn batch_error(e: &ProducerError) -> ApiError {
     }
 }
 
+/// A refused intent → 400 naming the field.
 fn invalid_intent(e: &EnvelopeError) -> ApiError {
     use oncely_core::identity::IdentityError as I;
     let field = match e {
