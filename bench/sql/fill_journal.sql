@@ -56,11 +56,11 @@ WITH ops AS (
            created_at,
            created_at + interval '150 milliseconds'
     FROM ops
-    RETURNING idempotency_key, status, created_at, provider_operation_id, last_error_code, last_reason
+    RETURNING seq, idempotency_key, status, created_at, provider_operation_id, last_error_code, last_reason
 )
-INSERT INTO operation_events (idempotency_key, from_status, to_status, attempt, actor, reason,
+INSERT INTO operation_events (op_seq, idempotency_key, from_status, to_status, attempt, actor, reason,
                               error_code, provider_operation_id, at)
-SELECT e.idempotency_key, e.from_status, e.to_status, e.attempt, e.actor, e.reason,
+SELECT i.seq, e.idempotency_key, e.from_status, e.to_status, e.attempt, e.actor, e.reason,
        e.error_code, e.provider_operation_id, e.at
 FROM inserted i, LATERAL (VALUES
     (1, i.idempotency_key, NULL, 'planned', 0, 'producer@scale-fill', 'recorded', NULL::text, NULL::text,

@@ -103,6 +103,25 @@ impl TestDb {
         TestDb { name, url, pool }
     }
 
+    /// A new database on the tests' server with the migrations up to `version` applied and
+    /// no later one: the schema an older release left, for testing what a migration does to
+    /// its rows. Apply the rest with `oncely_core::db::migrate`.
+    pub async fn migrated_to(version: i64) -> TestDb {
+        let name = unique_name("oncely_t");
+        let url = oncely_core::db::database_url(&server_url(), &name);
+        oncely_core::db::create_if_missing(&url)
+            .await
+            .unwrap_or_else(|e| panic!("test database: {e}"));
+        let pool = oncely_core::db::connect(&url, &PoolSettings::default())
+            .await
+            .unwrap_or_else(|e| panic!("test database: {e}"));
+        oncely_core::db::MIGRATOR
+            .run_to(version, &pool)
+            .await
+            .unwrap_or_else(|e| panic!("migrations up to {version}: {e}"));
+        TestDb { name, url, pool }
+    }
+
     /// The maintenance database (`postgres`) of this database's server, with the same
     /// user and TLS settings: where roles are created and databases dropped.
     pub fn server_url(&self) -> String {

@@ -19,8 +19,8 @@ impl Journal {
         actor: &str,
     ) -> Result<(), JournalError> {
         sqlx::query(
-            "INSERT INTO operation_events (idempotency_key, from_status, to_status, attempt, actor, reason, error_code) \
-             SELECT idempotency_key, status, status, attempt_count, $2, 'conflict', $3 \
+            "INSERT INTO operation_events (op_seq, idempotency_key, from_status, to_status, attempt, actor, reason, error_code) \
+             SELECT seq, idempotency_key, status, status, attempt_count, $2, 'conflict', $3 \
              FROM agent_operations WHERE idempotency_key = $1",
         )
         .bind(key.as_str())

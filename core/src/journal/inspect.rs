@@ -56,7 +56,8 @@ impl Journal {
     pub async fn events(&self, key: &IdempotencyKey) -> Result<Vec<Event>, JournalError> {
         Ok(sqlx::query_as(
             "SELECT id, idempotency_key, from_status, to_status, attempt, actor, reason, error_code, \
-                 provider_operation_id, at FROM operation_events WHERE idempotency_key = $1 ORDER BY id",
+                 provider_operation_id, at FROM operation_events \
+                 WHERE op_seq = (SELECT seq FROM agent_operations WHERE idempotency_key = $1) ORDER BY id",
         )
         .bind(key.as_str())
         .fetch_all(&self.db)

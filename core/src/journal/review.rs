@@ -242,7 +242,7 @@ impl Journal {
     ) -> Result<bool, JournalError> {
         let (answer, code) = review.lookup.unzip();
         let opened: Option<i64> = sqlx::query_scalar(
-            "WITH op AS (SELECT idempotency_key, attempt_count FROM agent_operations \
+            "WITH op AS (SELECT seq, idempotency_key, attempt_count FROM agent_operations \
                          WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2 FOR UPDATE), \
                   ins AS (INSERT INTO operation_reviews (idempotency_key, reason, opened_by, evidence, recheck_at) \
                           SELECT idempotency_key, $3, $4, \
@@ -250,8 +250,8 @@ impl Journal {
                                      ELSE jsonb_build_array(jsonb_strip_nulls(jsonb_build_object('at', now(), 'answer', $6::text, 'code', $7::text))) END), \
                                  now() + make_interval(secs => $8) \
                           FROM op ON CONFLICT DO NOTHING RETURNING id), \
-                  ev AS (INSERT INTO operation_events (idempotency_key, from_status, to_status, attempt, actor, reason, error_code) \
-                         SELECT op.idempotency_key, 'unknown', 'unknown', op.attempt_count, $4, 'review_opened', $3 FROM op, ins) \
+                  ev AS (INSERT INTO operation_events (op_seq, idempotency_key, from_status, to_status, attempt, actor, reason, error_code) \
+                         SELECT op.seq, op.idempotency_key, 'unknown', 'unknown', op.attempt_count, $4, 'review_opened', $3 FROM op, ins) \
              SELECT id FROM ins",
         )
         .bind(key.as_str())
@@ -362,8 +362,8 @@ impl Journal {
         let actions: Vec<String> = cutoffs.iter().map(|(a, _)| a.clone()).collect();
         let secs: Vec<f64> = cutoffs.iter().map(|(_, d)| d.as_secs_f64()).collect();
         let mut tx = self.db.pool().begin().await?;
-        let keys: Vec<String> = sqlx::query_scalar(
-            "SELECT o.idempotency_key FROM agent_operations o JOIN unnest($1::text[], $2::float8[]) AS c(a, s) ON o.action_type = c.a \
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT o.idempotency_key, o.seq FROM agent_operations o JOIN unnest($1::text[], $2::float8[]) AS c(a, s) ON o.action_type = c.a \
              WHERE o.status IN ('succeeded', 'failed_final') AND o.updated_at < now() - make_interval(secs => c.s) FOR UPDATE OF o",
         )
         .persistent(false)
@@ -371,6 +371,7 @@ impl Journal {
         .bind(&secs)
         .fetch_all(&mut *tx)
         .await?;
+        let (keys, seqs): (Vec<String>, Vec<i64>) = rows.into_iter().unzip();
         if dry_run || keys.is_empty() {
             return Ok(keys.len() as u64);
         }
@@ -378,9 +379,9 @@ impl Journal {
             .persistent(false)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("DELETE FROM operation_events WHERE idempotency_key = ANY($1)")
+        sqlx::query("DELETE FROM operation_events WHERE op_seq = ANY($1)")
             .persistent(false)
-            .bind(&keys)
+            .bind(&seqs)
             .execute(&mut *tx)
             .await?;
         sqlx::query("DELETE FROM operation_reviews WHERE idempotency_key = ANY($1)")

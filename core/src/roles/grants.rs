@@ -200,6 +200,7 @@ const SETTLE_UPDATE: &[&str] = &[
 /// (journal/conflict.rs, worker) and an opened review (journal/review.rs, reconciler).
 /// Not `id` or `at`: they come from their defaults, so a writer cannot backdate a row.
 const EVENT_INSERT: &[&str] = &[
+    "op_seq",
     "idempotency_key",
     "from_status",
     "to_status",

@@ -862,3 +862,78 @@ async fn republish_takes_planned_then_due_retries_and_never_more_than_its_limit(
     let third = sweep().await;
     assert!(third.is_empty(), "taken moments ago or not due: {third:?}");
 }
+
+/// Migration 20261211000000 on a journal an older release left: every existing event gets
+/// its operation's number, the trails read the same after it, new transitions carry the
+/// number, and a purge deletes the old events with the new ones.
+#[tokio::test]
+async fn events_recorded_before_the_sequence_migration_are_found_after_it() {
+    let db = TestDb::migrated_to(20261210000000).await;
+    let j = db.journal();
+    let done = envelope("seq-migration", "done", pay(1));
+    let live = envelope("seq-migration", "live", pay(2));
+    settle_succeeded(&j, &done).await;
+    j.record(&live, "producer").await.expect("record");
+    oncely_core::db::migrate(&db.pool, &db.url)
+        .await
+        .expect("the remaining migrations");
+
+    let mismatched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM operation_events e LEFT JOIN agent_operations o ON o.seq = e.op_seq \
+         WHERE o.idempotency_key IS DISTINCT FROM e.idempotency_key",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("events against their operations");
+    assert_eq!(
+        mismatched, 0,
+        "every old event carries its operation's number"
+    );
+    let statuses = |evs: Vec<oncely_core::journal::Event>| -> Vec<String> {
+        evs.into_iter().map(|e| e.to_status).collect()
+    };
+    assert_eq!(
+        statuses(j.events(&done.key).await.expect("events")),
+        ["planned", "executing", "succeeded"]
+    );
+    assert_eq!(
+        statuses(j.events(&live.key).await.expect("events")),
+        ["planned"]
+    );
+
+    assert_eq!(claimed(&claim_one(&j, &live, "w2", LEASE).await), 1);
+    assert!(
+        j.complete(&success(&live, 1, "po_live"), "w2")
+            .await
+            .expect("complete")
+    );
+    assert_eq!(
+        statuses(j.events(&live.key).await.expect("events")),
+        ["planned", "executing", "succeeded"]
+    );
+    let later = envelope("seq-migration", "later", pay(3));
+    j.record(&later, "producer").await.expect("record");
+    let (first, last): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT seq FROM agent_operations WHERE idempotency_key = $1), \
+                (SELECT seq FROM agent_operations WHERE idempotency_key = $2)",
+    )
+    .bind(done.key.as_str())
+    .bind(later.key.as_str())
+    .fetch_one(&db.pool)
+    .await
+    .expect("numbers");
+    assert!(first < last, "operations are numbered in recording order");
+
+    let cutoff = [("payment_order.create".to_owned(), Duration::ZERO)];
+    assert_eq!(j.purge(&cutoff, false).await.expect("purge"), 2);
+    let left: Vec<(String, String)> =
+        sqlx::query_as("SELECT idempotency_key, to_status FROM operation_events")
+            .fetch_all(&db.pool)
+            .await
+            .expect("events left");
+    assert_eq!(
+        left,
+        [(later.key.as_str().to_owned(), "planned".to_owned())],
+        "the purged operations' events went with them, old and new"
+    );
+}
