@@ -139,6 +139,11 @@ pub struct BenchArgs {
     /// offered load on both, for latencies compared like with like.
     #[arg(long, value_name = "RATE")]
     pub paced_at: Option<f64>,
+    /// With --journal-rows or --filled-journal: before the filled journal's runs, read the
+    /// operations' indexes into the OS cache (`pg_prewarm`, contrib), as a journal that has
+    /// been running keeps them; without it a freshly filled journal's indexes start cold.
+    #[arg(long)]
+    pub warm_indexes: bool,
     /// Also print the figures as JSON (after the table).
     #[arg(long)]
     pub json: bool,
@@ -626,6 +631,7 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv) -> anyhow::Result<()>
             ..env.clone()
         };
         let rows = filled.operations;
+        warm(args, &url).await?;
         let full = pair(&env, &format!("journal of {rows} operations")).await?;
         return print_scale(args, &machine, n, &filled, &empty, &full, &checkpoints);
     }
@@ -659,6 +665,7 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv) -> anyhow::Result<()>
             journal_db: Some(db_name.clone()),
             ..env.clone()
         };
+        warm(args, &url).await?;
         let runs = pair(&env, &format!("journal of {rows} operations")).await?;
         anyhow::Ok((filled, runs))
     }
@@ -671,6 +678,18 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv) -> anyhow::Result<()>
     sys::registry(|r| r.databases.retain(|d| d != &db_name));
     let (filled, full) = result?;
     print_scale(args, &machine, n, &filled, &empty, &full, &checkpoints)
+}
+
+/// `--warm-indexes`: read the filled journal's operation indexes into the OS cache.
+async fn warm(args: &BenchArgs, url: &str) -> anyhow::Result<()> {
+    if !args.warm_indexes {
+        return Ok(());
+    }
+    eprintln!("reading the operations' indexes into the OS cache (--warm-indexes)");
+    for (index, mb, secs) in scale::warm_indexes(url).await? {
+        eprintln!("      {index}: {mb:.0} MB in {secs:.0} s");
+    }
+    Ok(())
 }
 
 /// Print the `--journal-rows` table (and the JSON with `--json`).
@@ -750,8 +769,13 @@ fn scale_table(
     );
     let _ = writeln!(
         t,
-        "runs:     {n} intents each, {} workers, on the empty journal then on the filled one; {}",
+        "runs:     {n} intents each, {} workers, on the empty journal then on the filled one{}; {}",
         args.settings().fleet,
+        if args.warm_indexes {
+            " (its operation indexes read into the OS cache first: --warm-indexes)"
+        } else {
+            ""
+        },
         if checkpointed {
             "each right after a CHECKPOINT"
         } else {

@@ -288,6 +288,37 @@ pub async fn checkpoint(url: &str) -> bool {
     done
 }
 
+/// `--warm-indexes`: read every index of `agent_operations` once (`pg_prewarm(…, 'read')`:
+/// into the operating system's cache, not into `shared_buffers`), as a journal that has been
+/// running keeps them — each recording and claim touches a random leaf of the primary key
+/// and of the identity index — where a freshly filled one has them on disk. Returns
+/// `(index, MB, seconds)` per index; fails without the `pg_prewarm` extension (contrib) or
+/// the right to create it.
+pub async fn warm_indexes(url: &str) -> anyhow::Result<Vec<(String, f64, f64)>> {
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)?.disable_statement_logging();
+    let mut conn = options.connect().await?;
+    sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        .execute(&mut conn)
+        .await?;
+    let indexes: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index \
+         WHERE indrelid = 'agent_operations'::regclass ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await?;
+    let mut out = Vec::new();
+    for (index, bytes) in indexes {
+        let started = std::time::Instant::now();
+        sqlx::query("SELECT pg_prewarm($1::regclass, 'read')")
+            .bind(&index)
+            .execute(&mut conn)
+            .await?;
+        out.push((index, bytes as f64 / 1e6, started.elapsed().as_secs_f64()));
+    }
+    let _ = sqlx::Connection::close(conn).await;
+    Ok(out)
+}
+
 /// Runs per scan.
 pub const REPEATS: usize = 7;
 

@@ -57,10 +57,12 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
     .expect("trigger state");
     assert_eq!(triggers, 1, "the insert-events trigger is enabled again");
     // The primary key the fill dropped is back and holds: a second row of a key is refused.
-    let again = sqlx::query("INSERT INTO agent_operations SELECT * FROM agent_operations LIMIT 1")
-        .execute(&db.pool)
-        .await
-        .expect_err("a duplicate key");
+    let again = sqlx::query(
+        "INSERT INTO agent_operations OVERRIDING USER VALUE SELECT * FROM agent_operations LIMIT 1",
+    )
+    .execute(&db.pool)
+    .await
+    .expect_err("a duplicate key");
     assert_eq!(
         again.as_database_error().and_then(|e| e.code()).as_deref(),
         Some("23505"),
@@ -111,4 +113,18 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
         republish.plan.contains("agent_operations_planned_idx"),
         "the republish scan reads the planned rows' own index: {republish:?}"
     );
+
+    // --warm-indexes reads every index of the operations, each as large as Postgres says.
+    let warmed = scale::warm_indexes(&db.url).await.expect("warm indexes");
+    let names: Vec<&str> = warmed.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "agent_operations_identity_idx",
+            "agent_operations_pkey",
+            "agent_operations_planned_idx",
+            "agent_operations_resume_idx"
+        ]
+    );
+    assert!(warmed.iter().all(|(_, mb, _)| *mb > 0.0), "{warmed:?}");
 }
