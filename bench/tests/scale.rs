@@ -105,13 +105,21 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
     );
     drop(journal);
     let scans = scale::sweep_times(&db.pool).await.expect("scans");
-    assert_eq!(scans.len(), 3);
+    assert_eq!(scans.len(), 4);
     assert!(scans.iter().all(|s| s.median_ms.is_finite()), "{scans:?}");
     let republish = &scans[1];
     assert_eq!(republish.scan, "republish");
     assert!(
         republish.plan.contains("agent_operations_planned_idx"),
         "the republish scan reads the planned rows' own index: {republish:?}"
+    );
+    let gauges = &scans[3];
+    assert_eq!(gauges.scan, "live gauges");
+    assert!(
+        gauges.plan.contains("agent_operations_planned_idx")
+            && gauges.plan.contains("agent_operations_live_idx")
+            && !gauges.plan.contains("Seq Scan"),
+        "the live gauges count on the live rows' indexes only: {gauges:?}"
     );
 
     // --warm-indexes reads every index of the operations, each as large as Postgres says.
@@ -121,9 +129,9 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
         names,
         [
             "agent_operations_identity_idx",
+            "agent_operations_live_idx",
             "agent_operations_pkey",
-            "agent_operations_planned_idx",
-            "agent_operations_resume_idx"
+            "agent_operations_planned_idx"
         ]
     );
     assert!(warmed.iter().all(|(_, mb, _)| *mb > 0.0), "{warmed:?}");

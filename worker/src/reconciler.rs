@@ -406,8 +406,9 @@ async fn review(
 async fn sweep_loop(ctx: Context, publisher: Publisher, mut shutdown: Shutdown) {
     let interval = ctx.config.reconciler.sweep_interval;
     let mut checks = StaleChecks::new(ctx.config.reconciler.concurrency);
+    let mut totals = Totals::new(ctx.config.reconciler.totals_interval);
     loop {
-        let full = match sweep_once(&ctx, &publisher, &mut checks).await {
+        let full = match sweep_once(&ctx, &publisher, &mut checks, &mut totals).await {
             Ok(full) => full,
             Err(e) => {
                 tracing::warn!(error = %e, "sweep failed; trying again next interval");
@@ -580,6 +581,7 @@ async fn sweep_once(
     ctx: &Context,
     publisher: &Publisher,
     checks: &mut StaleChecks,
+    totals: &mut Totals,
 ) -> anyhow::Result<bool> {
     let rc = &ctx.config.reconciler;
     let mut full = false;
@@ -648,7 +650,7 @@ async fn sweep_once(
     full |= checks.take_and_start(ctx, publisher).await?;
     full |= checks.take_and_start_reviews(ctx, publisher).await?;
     count_closed_reviews(ctx, publisher).await?;
-    set_gauges(ctx).await?;
+    set_gauges(ctx, totals).await?;
     Ok(full)
 }
 
@@ -695,15 +697,81 @@ async fn count_closed_reviews(ctx: &Context, publisher: &Publisher) -> anyhow::R
     Ok(())
 }
 
-/// The backlog gauges. Every status gets a value (0 too), or an emptied status would
-/// keep its last one.
-async fn set_gauges(ctx: &Context) -> anyhow::Result<()> {
-    let counts: std::collections::HashMap<String, i64> =
-        ctx.journal.status_counts().await?.into_iter().collect();
-    for s in Status::ALL {
-        metrics::gauge!(m::OPERATIONS, "status" => s.as_str())
-            .set(counts.get(s.as_str()).copied().unwrap_or(0) as f64);
+/// The count of the terminal statuses for their gauges: it reads the whole journal
+/// (seconds at tens of millions of operations), so it runs every `totals_interval`
+/// (never when zero), beside the sweeps, never inside one — a pass must not wait for it.
+struct Totals {
+    every: std::time::Duration,
+    due: Option<tokio::time::Instant>,
+    running: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Totals {
+    fn new(every: std::time::Duration) -> Self {
+        Self {
+            every,
+            due: (!every.is_zero()).then(tokio::time::Instant::now),
+            running: None,
+        }
     }
+
+    /// Start the count if it is due and the last one has ended.
+    fn start_if_due(&mut self, ctx: &Context) {
+        if self.running.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        self.running = None;
+        let now = tokio::time::Instant::now();
+        if self.due.is_none_or(|due| now < due) {
+            return;
+        }
+        self.due = Some(now + self.every);
+        let journal = ctx.journal.clone();
+        self.running = Some(tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            match journal.status_counts().await {
+                Ok(counts) => {
+                    let all: std::collections::HashMap<String, i64> = counts.into_iter().collect();
+                    for s in Status::ALL.iter().filter(|s| s.is_terminal()) {
+                        metrics::gauge!(m::OPERATIONS, "status" => s.as_str())
+                            .set(all.get(s.as_str()).copied().unwrap_or(0) as f64);
+                    }
+                    tracing::debug!(
+                        seconds = started.elapsed().as_secs_f64(),
+                        "counted the operations by status"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "counting the operations by status failed; next interval")
+                }
+            }
+        }));
+    }
+}
+
+impl Drop for Totals {
+    fn drop(&mut self) {
+        if let Some(t) = self.running.take() {
+            t.abort();
+        }
+    }
+}
+
+/// The backlog gauges. Every live status gets a value each sweep (0 too, or an emptied
+/// status would keep its last one), counted on the live rows' own indexes; the terminal
+/// statuses when [`Totals`] says so.
+async fn set_gauges(ctx: &Context, totals: &mut Totals) -> anyhow::Result<()> {
+    let live: std::collections::HashMap<String, i64> = ctx
+        .journal
+        .live_status_counts()
+        .await?
+        .into_iter()
+        .collect();
+    for s in Status::ALL.iter().filter(|s| !s.is_terminal()) {
+        metrics::gauge!(m::OPERATIONS, "status" => s.as_str())
+            .set(live.get(s.as_str()).copied().unwrap_or(0) as f64);
+    }
+    totals.start_if_due(ctx);
     let open = ctx.journal.open_reviews().await?;
     metrics::gauge!(m::REVIEWS_OPEN).set((open.for_person + open.for_lookup) as f64);
     metrics::gauge!(m::REVIEWS_WAITING, "waiting_on" => "person").set(open.for_person as f64);

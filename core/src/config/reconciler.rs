@@ -34,6 +34,11 @@ pub struct ReconcilerConfig {
     pub batch: i64,
     /// Reconcile messages handled at once.
     pub concurrency: usize,
+    /// How often the gauges of the terminal statuses (`succeeded`, `failed_final`) are
+    /// counted: that count reads every operation of the journal, unlike the live statuses'
+    /// (counted every sweep on their own indexes). `"0s"`: never (those gauges stay unset).
+    #[serde(with = "human")]
+    pub totals_interval: Duration,
 }
 
 impl Default for ReconcilerConfig {
@@ -54,6 +59,7 @@ impl ReconcilerConfig {
         max_recheck_delay: Duration::from_secs(300),
         batch: 200,
         concurrency: 16,
+        totals_interval: Duration::from_secs(600),
     };
 
     /// Intervals above zero (a zero interval is a busy loop), sizes at least 1.

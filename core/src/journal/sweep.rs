@@ -30,7 +30,7 @@ macro_rules! expired_leases {
 
 /// Due for republishing. Two ordered, limited scans, each on its own index — `planned` by
 /// `updated_at` on the partial index `agent_operations_planned_idx`, `failed_retryable` by
-/// `lease_until` on `agent_operations_resume_idx` — so the cost is the rows taken, not the
+/// `lease_until` on `agent_operations_live_idx` — so the cost is the rows taken, not the
 /// live rows sorted (one `OR` over both needed a bitmap scan and a sort of every candidate).
 /// The second runs only if the first brought fewer than `$2` (the outer `LIMIT` stops the
 /// `Append`), so at most `$2` rows are locked. `$1`: seconds untouched, `$2`: limit.
@@ -58,6 +58,13 @@ macro_rules! stale_unknowns {
          ORDER BY o.lease_until LIMIT $3 FOR UPDATE OF o SKIP LOCKED"
     };
 }
+
+/// [`Journal::live_status_counts`]: `planned` on its partial index, the other three live
+/// statuses on theirs (each predicate implies its index's, so neither reads a terminal row).
+pub const LIVE_STATUS_COUNTS: &str = "SELECT 'planned'::text AS status, count(*) FROM agent_operations \
+     WHERE status = 'planned' HAVING count(*) > 0 \
+     UNION ALL SELECT status, count(*) FROM agent_operations \
+     WHERE status IN ('executing', 'failed_retryable', 'unknown') GROUP BY status";
 
 /// The three scans' row selections, `(name, sql)`, for timing them on a big journal
 /// (`oncely-bench --journal-rows`). Their parameters: expired leases `$1` limit;
@@ -220,7 +227,21 @@ impl Journal {
         Ok(n == 1)
     }
 
-    /// Operations per status (for the gauges).
+    /// Live operations per status — `planned`, `executing`, `failed_retryable`,
+    /// `unknown`; a status without operations is absent — for the gauges every sweep. Each
+    /// is counted on a partial index that holds only live rows (`agent_operations_planned_idx`,
+    /// `agent_operations_live_idx`), so the cost follows the live work, not the journal's
+    /// history: see [`Journal::status_counts`] for what counting everything costs.
+    pub async fn live_status_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
+        Ok(sqlx::query_as(LIVE_STATUS_COUNTS)
+            .fetch_all(&self.db)
+            .await?)
+    }
+
+    /// Operations per status over the whole journal (for the terminal statuses' gauges,
+    /// every `reconciler.totals_interval`). This reads every operation: about a second per
+    /// ten million rows even from memory (docs/operations.md, "The gauges on a big
+    /// journal") — never run it on every sweep.
     pub async fn status_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
         Ok(
             sqlx::query_as("SELECT status, count(*) FROM agent_operations GROUP BY status")

@@ -905,3 +905,130 @@ async fn two_reconcilers_never_close_a_review_twice() {
         assert_eq!(fleet.sandbox.effects().count(e.key.as_str()), 1);
     }
 }
+
+/// The value of `oncely_operations{status="<status>"}` in a reconciler's /metrics, if set.
+async fn gauge(port: u16, status: &str) -> Option<f64> {
+    let text = oncely_tests::http_get(port, "/metrics").await?;
+    let prefix = format!("oncely_operations{{status=\"{status}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The gauges `oncely_operations{status}`: the live statuses every sweep (counted on their
+/// own indexes), the terminal ones from a count of the whole journal every
+/// `totals_interval` — and never with `"0s"`, where only the live ones are set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_gauges_count_live_states_every_sweep_and_totals_on_their_interval() {
+    use oncely_core::config::ReconcilerConfig;
+    use oncely_core::journal::ClaimRequest;
+    for totals in [Duration::from_secs(1), Duration::ZERO] {
+        let fleet = Fleet::with(FleetOptions {
+            reconciler: Some(ReconcilerConfig {
+                totals_interval: totals,
+                ..FAST_RECONCILER
+            }),
+            ..quick()
+        })
+        .await;
+        // Three succeed through a worker that then stops.
+        let done: Vec<Envelope> = (0..3)
+            .map(|n| email(500 + n).seal(&secret()).expect("seal"))
+            .collect();
+        {
+            let _w = fleet.worker();
+            for env in &done {
+                fleet
+                    .publish_raw(env.intent.identity.action_type.as_str(), &env.to_bytes())
+                    .await;
+            }
+            for env in &done {
+                wait_status(&fleet, env, Status::Succeeded).await;
+            }
+        }
+        // Two recorded and never claimed (republished to a queue nobody consumes now), one
+        // of them claimed under a lease that outlives the test: planned 1, executing 1.
+        let journal = fleet.db.journal();
+        let live: Vec<Envelope> = (0..2)
+            .map(|n| email(600 + n).seal(&secret()).expect("seal"))
+            .collect();
+        for env in &live {
+            journal.record(env, "test").await.expect("record");
+        }
+        journal
+            .claim(
+                &[ClaimRequest {
+                    envelope: &live[0],
+                    lease: Duration::from_secs(3600),
+                }],
+                "worker@test",
+            )
+            .await
+            .expect("claim");
+
+        let port = oncely_tests::free_port();
+        let _r = fleet.spawn(&["reconcile", "--metrics-addr", &format!("127.0.0.1:{port}")]);
+        let expected_live = [
+            ("planned", 1.0),
+            ("executing", 1.0),
+            ("failed_retryable", 0.0),
+            ("unknown", 0.0),
+        ];
+        eventually("the live gauges", DEADLINE, || async {
+            for (status, n) in expected_live {
+                if gauge(port, status).await != Some(n) {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
+        if totals.is_zero() {
+            // Later sweeps (they see one more planned row) still set no totals.
+            let third = email(602).seal(&secret()).expect("seal");
+            journal.record(&third, "test").await.expect("record");
+            eventually("a later sweep's planned gauge", DEADLINE, || async {
+                (gauge(port, "planned").await == Some(2.0)).then_some(())
+            })
+            .await;
+            assert_eq!(gauge(port, "succeeded").await, None, "totals_interval = 0s");
+            assert_eq!(
+                gauge(port, "failed_final").await,
+                None,
+                "totals_interval = 0s"
+            );
+        } else {
+            eventually("the terminal gauges", DEADLINE, || async {
+                (gauge(port, "succeeded").await == Some(3.0)
+                    && gauge(port, "failed_final").await == Some(0.0))
+                .then_some(())
+            })
+            .await;
+            // One more succeeds (the claimed one, completed by hand): the live gauges follow
+            // at the next sweep, the total at the next interval.
+            let op = fleet.op(&live[0].key).await.expect("row");
+            let completion = oncely_core::journal::Completion {
+                key: live[0].key.clone(),
+                expected: Status::Executing,
+                attempt: op.attempt_count,
+                verdict: oncely_core::journal::Verdict::Succeeded {
+                    provider_operation_id: "prov-1".into(),
+                    result: json!({"id": "prov-1"}),
+                },
+                reason: "provider_succeeded".into(),
+            };
+            assert!(
+                journal
+                    .complete(&completion, "test")
+                    .await
+                    .expect("complete")
+            );
+            eventually("the gauges after one more success", DEADLINE, || async {
+                (gauge(port, "executing").await == Some(0.0)
+                    && gauge(port, "succeeded").await == Some(4.0))
+                .then_some(())
+            })
+            .await;
+        }
+    }
+}
