@@ -61,6 +61,8 @@ pub struct FleetEnv {
     pub time_sweeps: bool,
     /// Every worker's `linger`.
     pub linger: Duration,
+    /// Every action type's `outcome_events` (`--no-outcome-events`: false).
+    pub outcome_events: bool,
 }
 
 /// One run's settings.
@@ -228,6 +230,7 @@ fn fleet_config(
     for policy in config.actions.values_mut() {
         policy.lease = Duration::from_secs(60);
         policy.retry_delay = Duration::from_secs(2);
+        policy.outcome_events = env.outcome_events;
     }
     config.validate()?;
     Ok(config)

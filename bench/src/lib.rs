@@ -87,6 +87,11 @@ pub struct BenchArgs {
     /// after its first item (docs/performance.md "Linger").
     #[arg(long, value_name = "MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub linger_ms: u64,
+    /// Every action type's `outcome_events = false` in the workers' config: no outcome
+    /// event is published (the bench listens to none), to measure what they cost
+    /// (docs/performance.md "Outcome events off").
+    #[arg(long)]
+    pub no_outcome_events: bool,
     /// CI smoke test: 1000 intents, workers 1,2, latency 0, the 50 % point only, no
     /// slow-provider row (explicit flags still win).
     #[arg(long)]
@@ -382,6 +387,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         first_intent: 0,
         time_sweeps: args.journal_rows.is_some() || args.filled_journal.is_some(),
         linger: std::time::Duration::from_millis(args.linger_ms),
+        outcome_events: !args.no_outcome_events,
     };
     if args.journal_rows.is_some() || args.filled_journal.is_some() {
         return journal_at_scale(&args, env).await;

@@ -7,6 +7,7 @@
 //! the constructors on [`OutcomeEvent`], so the runner and the reconciler cannot drift.
 
 use oncely_core::Envelope;
+use oncely_core::config::Config;
 use oncely_core::journal::{Operation, Verdict};
 use oncely_core::metrics as m;
 use oncely_core::publish::{Pending, PublishOptions, Publisher};
@@ -128,13 +129,27 @@ fn verdict_fields(v: &Verdict) -> (Option<&str>, Option<&str>) {
     }
 }
 
+/// Whether `action_type`'s events are published (`[actions."TYPE"] outcome_events`; an
+/// action type without a policy: yes).
+pub fn wanted(config: &Config, action_type: &str) -> bool {
+    config
+        .actions
+        .get(action_type)
+        .is_none_or(|p| p.outcome_events)
+}
+
 /// Publish an outcome; returns the pending confirm (await it to flush) or `None` if the
-/// publish could not even be sent (logged and counted).
+/// publish could not even be sent (logged and counted) or its action type's events are
+/// off ([`wanted`]).
 pub async fn publish(
     publisher: &Publisher,
+    config: &Config,
     topology: &Topology,
     ev: &OutcomeEvent<'_>,
 ) -> Option<Pending> {
+    if !wanted(config, ev.action_type) {
+        return None;
+    }
     let body = serde_json::to_vec(ev).unwrap_or_default();
     let rk = format!("{}.{}", ev.action_type, ev.status);
     match publisher
@@ -168,8 +183,13 @@ pub async fn flush(pending: Vec<Pending>) {
 }
 
 /// Publish one outcome and wait for its confirm (paths that settle one operation).
-pub async fn publish_one(publisher: &Publisher, topology: &Topology, ev: &OutcomeEvent<'_>) {
-    if let Some(p) = publish(publisher, topology, ev).await {
+pub async fn publish_one(
+    publisher: &Publisher,
+    config: &Config,
+    topology: &Topology,
+    ev: &OutcomeEvent<'_>,
+) {
+    if let Some(p) = publish(publisher, config, topology, ev).await {
         flush(vec![p]).await;
     }
 }

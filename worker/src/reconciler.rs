@@ -326,7 +326,7 @@ async fn settled(ctx: &Context, publisher: &Publisher, op: &Operation, verdict: 
         let secs = (op.read_at - op.created_at).num_milliseconds() as f64 / 1000.0;
         metrics::histogram!(m::TIME_TO_TERMINAL_SECONDS, "action_type" => op.action_type.clone(), "status" => status.as_str()).record(secs.max(0.0));
         let ev = OutcomeEvent::for_operation(op, verdict);
-        outcome::publish_one(publisher, &ctx.topology, &ev).await;
+        outcome::publish_one(publisher, &ctx.config, &ctx.topology, &ev).await;
     }
 }
 
@@ -394,7 +394,7 @@ async fn review(
         let reason = reason.to_string();
         tracing::warn!(key = %op.key, action_type = %op.action_type, workflow = %op.workflow_id, reason, class = class.as_str(), "review opened");
         let ev = OutcomeEvent::review_opened(op, &reason);
-        outcome::publish_one(publisher, &ctx.topology, &ev).await;
+        outcome::publish_one(publisher, &ctx.config, &ctx.topology, &ev).await;
     }
     Ok(Decision::Review)
 }
@@ -691,7 +691,7 @@ async fn count_closed_reviews(ctx: &Context, publisher: &Publisher) -> anyhow::R
         };
         if op.status.is_terminal() {
             let ev = OutcomeEvent::decided(&op);
-            outcome::publish_one(publisher, &ctx.topology, &ev).await;
+            outcome::publish_one(publisher, &ctx.config, &ctx.topology, &ev).await;
         }
     }
     Ok(())

@@ -57,8 +57,19 @@ pub struct ActionPolicy {
     /// the provider. `None`: any JSON object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_schema: Option<serde_json::Value>,
+    /// Publish outcome events for this action type (`<prefix>.outcomes`, routing key
+    /// `<action_type>.<status>`), from every process that settles one. `false`: none —
+    /// for action types nobody listens to, where each event is a confirmed publish to an
+    /// exchange that routes it nowhere (docs/performance.md, "Outcome events off"). Agents
+    /// waiting through the SDK's `wait` or the gateway then learn the outcome from their
+    /// periodic read of the journal (every 5 s) instead of at once.
+    #[serde(default = "default_outcome_events")]
+    pub outcome_events: bool,
 }
 
+fn default_outcome_events() -> bool {
+    true
+}
 fn default_lease() -> Duration {
     Duration::from_secs(120)
 }
@@ -87,6 +98,7 @@ impl ActionPolicy {
             max_reconcile_checks: default_max_checks(),
             description: None,
             payload_schema: None,
+            outcome_events: default_outcome_events(),
         }
     }
 

@@ -286,3 +286,40 @@ async fn a_python_agent_can_publish_with_pika() {
     .await;
     assert_eq!(fleet.sandbox.effects().count(key.as_str()), 1);
 }
+
+/// `[actions."TYPE"] outcome_events = false`: that type's settlements publish no outcome
+/// event (the effect and the journal are as usual); other types' events still go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_type_with_outcome_events_off_publishes_none() {
+    use oncely_tests::fleet::{FleetOptions, next_outcome};
+    fn emails_silent(c: &mut oncely_core::config::Config) {
+        c.actions
+            .get_mut("email.send")
+            .expect("email.send")
+            .outcome_events = false;
+    }
+    let fleet = Fleet::with(FleetOptions {
+        configure: Some(emails_silent),
+        ..FleetOptions::default()
+    })
+    .await;
+    let mut outcomes = fleet.listen_outcomes("#").await;
+    let _w = fleet.worker();
+    let email = intent("email.send", 1).seal(&secret()).expect("seal");
+    let ticket = intent("ticket.create", 2).seal(&secret()).expect("seal");
+    fleet.publish_raw("email.send", &email.to_bytes()).await;
+    eventually("the email to succeed", DEADLINE, || async {
+        fleet
+            .op(&email.key)
+            .await
+            .filter(|op| op.status == oncely_core::Status::Succeeded)
+    })
+    .await;
+    assert_eq!(fleet.sandbox.effects().count(email.key.as_str()), 1);
+    // One worker publishes its events in order on one channel: had the email's event been
+    // published, it would arrive before the ticket's.
+    fleet.publish_raw("ticket.create", &ticket.to_bytes()).await;
+    let (routing_key, event) = next_outcome(&mut outcomes).await;
+    assert_eq!(routing_key, "ticket.create.succeeded");
+    assert_eq!(event["idempotency_key"], ticket.key.as_str());
+}

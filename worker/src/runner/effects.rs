@@ -86,7 +86,7 @@ async fn conflict(ctx: &Context, publisher: &Publisher, v: Valid, op: &Operation
         tracing::warn!(key = %v.env.key, error = %e, "could not record the conflict");
     }
     let ev = OutcomeEvent::conflict(&v.env, op.attempt_count);
-    outcome::publish_one(publisher, &ctx.topology, &ev).await;
+    outcome::publish_one(publisher, &ctx.config, &ctx.topology, &ev).await;
     ack(&v.inc.delivery).await;
 }
 
@@ -155,7 +155,7 @@ pub(super) async fn settle(
     }
     let pending = if outcome {
         let ev = OutcomeEvent::for_envelope(&f.env, f.attempt, &f.verdict);
-        outcome::publish(publisher, &ctx.topology, &ev).await
+        outcome::publish(publisher, &ctx.config, &ctx.topology, &ev).await
     } else {
         None
     };
