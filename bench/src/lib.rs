@@ -149,6 +149,17 @@ pub struct BenchArgs {
     /// been running keeps them; without it a freshly filled journal's indexes start cold.
     #[arg(long)]
     pub warm_indexes: bool,
+    /// Instead of the usual table: the sweeper's scans on journals that hold N operations
+    /// completed since the last index cleanup (a new database per N, comma-separated, e.g.
+    /// `0,100000,1000000`), passed through `planned` and `executing` at --churn-rate per
+    /// second up to now, real transitions with their events — a full pass's scans beside
+    /// the bounded ones of the passes between (`[reconciler] full_sweep_interval`). No
+    /// fleet, no broker; ~1 minute per million here.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', conflicts_with_all = ["journal_rows", "filled_journal"])]
+    pub dead_entries: Vec<u64>,
+    /// With --dead-entries: the rate the operations passed at (actions/s).
+    #[arg(long, value_name = "RATE", default_value_t = 1000.0)]
+    pub churn_rate: f64,
     /// Also print the figures as JSON (after the table).
     #[arg(long)]
     pub json: bool,
@@ -321,6 +332,9 @@ pub fn worker_binary() -> anyhow::Result<PathBuf> {
 
 /// Run the whole bench and print the report.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if !args.dead_entries.is_empty() {
+        return dead_entries(&args).await;
+    }
     let s = args.settings();
     let started = chrono::Utc::now();
     let machine = sys::Machine::read();
@@ -643,17 +657,7 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv) -> anyhow::Result<()>
     }
     let rows = args.journal_rows.unwrap_or_default();
     let db_name = format!("oncely_bench_{}_scale", env.run_id);
-    sys::registry(|r| r.databases.push(db_name.clone()));
-    let url = database_url(&args.database_url, &db_name);
-    let result = async {
-        let pool = db::prepare(
-            &url,
-            &db::PoolSettings {
-                max_connections: 2,
-                ..db::PoolSettings::default()
-            },
-        )
-        .await?;
+    let (filled, full) = scratch_database(args, &db_name, args.keep_journal, async |url, pool| {
         eprintln!(
             "filling {db_name} with {rows} operations ({} per statement)",
             scale::CHUNK
@@ -674,16 +678,137 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv) -> anyhow::Result<()>
         warm(args, &url).await?;
         let runs = pair(&env, &format!("journal of {rows} operations")).await?;
         anyhow::Ok((filled, runs))
+    })
+    .await?;
+    print_scale(args, &machine, n, &filled, &empty, &full, &checkpoints)
+}
+
+/// A new, migrated database `name` on the bench's server for `f` (its URL, a pool of two
+/// connections), registered for the clean-up on Ctrl-C meanwhile, and dropped afterwards
+/// — also when `f` fails — unless `keep` (`--keep-journal`: its name is printed).
+async fn scratch_database<T>(
+    args: &BenchArgs,
+    name: &str,
+    keep: bool,
+    f: impl AsyncFnOnce(String, sqlx::PgPool) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    sys::registry(|r| r.databases.push(name.to_owned()));
+    let url = database_url(&args.database_url, name);
+    let result = async {
+        let pool = db::prepare(
+            &url,
+            &db::PoolSettings {
+                max_connections: 2,
+                ..db::PoolSettings::default()
+            },
+        )
+        .await?;
+        f(url.clone(), pool).await
     }
     .await;
-    if args.keep_journal {
-        eprintln!("kept the filled journal: database {db_name} (--keep-journal; drop it yourself)");
-    } else if let Err(e) = drop_database(&args.database_url, &db_name).await {
-        eprintln!("warning: could not drop database {db_name}: {e}");
+    if keep {
+        eprintln!("kept the filled journal: database {name} (--keep-journal; drop it yourself)");
+    } else if let Err(e) = drop_database(&args.database_url, name).await {
+        eprintln!("warning: could not drop database {name}: {e}");
     }
-    sys::registry(|r| r.databases.retain(|d| d != &db_name));
-    let (filled, full) = result?;
-    print_scale(args, &machine, n, &filled, &empty, &full, &checkpoints)
+    sys::registry(|r| r.databases.retain(|d| d != name));
+    result
+}
+
+/// `--dead-entries`: the sweeper's scans against the dead index entries of N completed
+/// operations, for each N, on a new database each (dropped after).
+async fn dead_entries(args: &BenchArgs) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    let machine = sys::Machine::read();
+    let run_id = format!("{}_{}", std::process::id(), chrono::Utc::now().timestamp());
+    let rate = args.churn_rate;
+    anyhow::ensure!(rate > 0.0, "--churn-rate must be above zero");
+    let mut results = Vec::new();
+    for &n in &args.dead_entries {
+        let db_name = format!("oncely_bench_{run_id}_dead_{n}");
+        let (churned, scans) = scratch_database(args, &db_name, false, async |url, pool| {
+            // No vacuum may clean the indexes while they are measured (where autovacuum runs).
+            sqlx::raw_sql("ALTER TABLE agent_operations SET (autovacuum_enabled = false)")
+                .execute(&pool)
+                .await?;
+            eprintln!("{n} operations through planned and executing at {rate:.0}/s into {db_name}");
+            let started = std::time::Instant::now();
+            scale::churn(&url, n, rate, |done| {
+                if done % 500_000 == 0 {
+                    eprintln!("      {done} ({:.0} s)", started.elapsed().as_secs_f64());
+                }
+            })
+            .await?;
+            let churned = started.elapsed().as_secs_f64();
+            let scans = scale::sweep_times(&pool).await?;
+            pool.close().await;
+            anyhow::Ok((churned, scans))
+        })
+        .await?;
+        results.push((n, churned, scans));
+    }
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "oncely-bench --dead-entries — {}",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC")
+    );
+    let _ = writeln!(
+        t,
+        "command:  {}",
+        std::env::args().collect::<Vec<_>>().join(" ")
+    );
+    let _ = writeln!(t, "machine:  {}", machine.describe());
+    let _ = writeln!(
+        t,
+        "journals: N operations recorded, claimed (60-s lease) and completed at {rate:.0}/s up to now, no vacuum since\n"
+    );
+    let _ = writeln!(
+        t,
+        "{:<40} {:>12} {:>22} {:>10} {:>10}",
+        "scan", "N", "median ms (first run)", "buffers", "ms / 1e5 N"
+    );
+    let _ = writeln!(t, "{}", "-".repeat(98));
+    for (n, _, scans) in &results {
+        for scan in scans.iter().filter(|s| s.scan != "stale unknowns") {
+            let per = if *n > 0 {
+                format!("{:.3}", scan.median_ms / (*n as f64 / 1e5))
+            } else {
+                "-".to_owned()
+            };
+            let _ = writeln!(
+                t,
+                "{:<40} {:>12} {:>22} {:>10} {:>10}",
+                scan.scan,
+                n,
+                format!("{:.3} ({:.1})", scan.median_ms, scan.first_ms),
+                scan.buffers,
+                per
+            );
+        }
+    }
+    for (n, churned, scans) in &results {
+        let _ = writeln!(t, "N = {n}: churned in {churned:.0} s");
+        for scan in scans {
+            let _ = writeln!(t, "  plan of {}: {}", scan.scan, scan.plan);
+        }
+    }
+    let _ = writeln!(
+        t,
+        "\nEXPLAIN (ANALYZE, BUFFERS) of each scan's row selection, {} runs each, rolled back; the first run \
+         reads the table for entries no scan read before, the rest find them marked dead in the index. \
+         \"since the last pass\": the window of a pass between full ones (sweep_interval 5 s + 30 s overlap).",
+        scale::REPEATS
+    );
+    println!("{t}");
+    if args.json {
+        let v: Vec<_> = results
+            .iter()
+            .map(|(n, churned, scans)| serde_json::json!({"n": n, "rate": rate, "churn_seconds": churned, "scans": scans}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    Ok(())
 }
 
 /// `--warm-indexes`: read the filled journal's operation indexes into the OS cache.
@@ -791,13 +916,13 @@ fn scale_table(
     let _ = writeln!(t);
     let _ = writeln!(
         t,
-        "{:<52} {:>12} {:>12} {:>9}",
+        "{:<68} {:>12} {:>12} {:>9}",
         "figure", "empty", "filled", "ratio"
     );
-    let _ = writeln!(t, "{}", "-".repeat(88));
+    let _ = writeln!(t, "{}", "-".repeat(104));
     let mut row = |what: String, a: f64, b: f64| {
         let prec = if a.abs().max(b.abs()) < 10.0 { 3 } else { 1 };
-        let _ = writeln!(t, "{what:<52} {a:>12.prec$} {b:>12.prec$} {:>9.2}", b / a);
+        let _ = writeln!(t, "{what:<68} {a:>12.prec$} {b:>12.prec$} {:>9.2}", b / a);
     };
     let paced = match args.paced_at {
         Some(rate) => format!("paced {rate:.0}/s"),

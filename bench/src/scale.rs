@@ -269,6 +269,9 @@ pub struct ScanTime {
     pub median_ms: f64,
     /// Buffers the median run touched (shared hit + read).
     pub buffers: i64,
+    /// The first run's time (ms): it alone visits the table for entries no scan has read
+    /// since their rows died, and marks them dead in the index for the runs after it.
+    pub first_ms: f64,
     /// The plan's nodes, top down along the first child (`Limit > LockRows > …`).
     pub plan: String,
 }
@@ -324,14 +327,45 @@ pub const REPEATS: usize = 7;
 
 /// Time each sweeper scan on `pool`'s journal: `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`
 /// in a transaction that is rolled back (the row locks are released, nothing changes).
+///
+/// The first three are the scans of a full pass, the fourth the live gauges' count after
+/// one; the last three the expired-leases and republish scans and the count of a pass
+/// between full ones, which read only what became due within the default `sweep_interval`
+/// and [`SINCE_OVERLAP`](oncely_core::journal::sweep::SINCE_OVERLAP) (`Since`).
 pub async fn sweep_times(pool: &PgPool) -> anyhow::Result<Vec<ScanTime>> {
-    use oncely_core::journal::sweep::{LIVE_STATUS_COUNTS, SCANS};
-    // Each pass also sets the live statuses' gauges: timed as a fourth "scan".
-    let all = SCANS
-        .into_iter()
-        .chain([("live gauges", LIVE_STATUS_COUNTS)]);
+    use oncely_core::journal::sweep::{LIVE_STATUS_COUNTS, SCANS, SINCE_OVERLAP};
+    let window = (oncely_core::config::ReconcilerConfig::DEFAULT.sweep_interval + SINCE_OVERLAP)
+        .as_secs_f64();
+    // (name, statement, its parameters: which scan's, the window).
+    let all = [
+        (SCANS[0].0, SCANS[0].1, 0, None),
+        (SCANS[1].0, SCANS[1].1, 1, None),
+        (SCANS[2].0, SCANS[2].1, 2, None),
+        ("live gauges", LIVE_STATUS_COUNTS, 3, None),
+        (
+            "expired leases, since the last pass",
+            SCANS[0].1,
+            0,
+            Some(window),
+        ),
+        (
+            "republish, since the last pass",
+            SCANS[1].1,
+            1,
+            Some(window),
+        ),
+        (
+            "live gauges, since the last pass",
+            LIVE_STATUS_COUNTS,
+            3,
+            Some(window),
+        ),
+    ];
+    let after = oncely_core::config::ReconcilerConfig::DEFAULT
+        .republish_after
+        .as_secs_f64();
     let mut out = Vec::new();
-    for (i, (scan, sql)) in all.enumerate() {
+    for (scan, sql, i, window) in all {
         let mut runs: Vec<(f64, i64, String)> = Vec::with_capacity(REPEATS);
         for _ in 0..REPEATS {
             let mut tx = pool.begin().await?;
@@ -340,10 +374,10 @@ pub async fn sweep_times(pool: &PgPool) -> anyhow::Result<Vec<ScanTime>> {
             )));
             // Each scan's own parameters (see `SCANS`).
             let explain = match i {
-                0 => explain.bind(SCAN_LIMIT),
-                1 => explain.bind(SCAN_SECONDS[i]).bind(SCAN_LIMIT),
+                0 => explain.bind(SCAN_LIMIT).bind("bench").bind(window),
+                1 => explain.bind(SCAN_SECONDS[i]).bind(SCAN_LIMIT).bind(window),
                 2 => explain.bind(SCAN_SECONDS[i]).bind(0.0f64).bind(SCAN_LIMIT),
-                _ => explain,
+                _ => explain.bind(window.map(|w| w + after)).bind(window),
             };
             let row = explain.fetch_one(&mut *tx).await?;
             tx.rollback().await?;
@@ -356,16 +390,91 @@ pub async fn sweep_times(pool: &PgPool) -> anyhow::Result<Vec<ScanTime>> {
                 + p["Shared Read Blocks"].as_i64().unwrap_or(0);
             runs.push((ms, buffers, plan_shape(p)));
         }
+        let first_ms = runs[0].0;
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
         let (median_ms, buffers, plan) = runs.swap_remove(REPEATS / 2);
         out.push(ScanTime {
             scan,
             median_ms,
             buffers,
+            first_ms,
             plan,
         });
     }
     Ok(out)
+}
+
+/// `--dead-entries`: `n` operations that passed through `planned` and `executing` to
+/// `succeeded` at `rate` per second, the last one now — what a fleet leaves in the
+/// sweeper's indexes between two index cleanups (a dead entry per row version that left
+/// `planned`, and one per version that left `executing`). Real transitions: recorded,
+/// claimed under a 60-s lease and completed by three statements per chunk, with the event
+/// triggers on; stamped as they would have been (`updated_at` of the recording, the
+/// lease from the claim), so the dead entries sit where a running fleet leaves them.
+pub async fn churn(url: &str, n: u64, rate: f64, progress: impl Fn(u64)) -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    // Its own connection, without the slow-statement log (each statement takes ~1 s).
+    let mut conn = sqlx::postgres::PgConnectOptions::from_str(url)?
+        .disable_statement_logging()
+        .connect()
+        .await?;
+    // Op i (1..=n) was recorded (n - i) / rate seconds ago, claimed 10 ms after, completed
+    // 150 ms after; keys of the real format.
+    const KEY: &str = "'v1:' || encode(sha256(('oncely-churn:' || i)::bytea), 'hex')";
+    let record = format!(
+        "INSERT INTO agent_operations (idempotency_key, action_type, workflow_id, step, \
+             business_object, revision, payload_hash, payload, status, attempt_count, \
+             last_actor, last_reason, created_at, updated_at) \
+         SELECT {KEY}, 'email.send', 'wf-' || i, 'notify', 'order-' || i, 1, \
+             'sha256:' || encode(sha256(('payload:' || i)::bytea), 'hex'), \
+             jsonb_build_object('to', 'customer-' || i || '@example.com', 'subject', 'Order ' || i), \
+             'planned', 0, 'producer@churn', 'recorded', t, t \
+         FROM (SELECT i, now() - make_interval(secs => ($3 - i)::float8 / $4) AS t \
+               FROM generate_series($1::bigint, $2::bigint) AS i) s"
+    );
+    let claim = format!(
+        "UPDATE agent_operations SET status = 'executing', attempt_count = 1, \
+             first_attempt_at = created_at + interval '10 ms', lease_owner = 'worker@churn', \
+             lease_until = created_at + interval '60 s', last_actor = 'worker@churn', \
+             last_reason = 'claim', updated_at = created_at + interval '10 ms' \
+         WHERE idempotency_key IN (SELECT {KEY} FROM generate_series($1::bigint, $2::bigint) AS i)"
+    );
+    let complete = format!(
+        "UPDATE agent_operations SET status = 'succeeded', lease_owner = NULL, lease_until = NULL, \
+             payload = NULL, provider_operation_id = 'prov-' || seq, \
+             result_json = jsonb_build_object('id', 'prov-' || seq), \
+             last_reason = 'provider_succeeded', updated_at = created_at + interval '150 ms' \
+         WHERE idempotency_key IN (SELECT {KEY} FROM generate_series($1::bigint, $2::bigint) AS i)"
+    );
+    const STEP: u64 = 20_000;
+    let mut lo = 1u64;
+    while lo <= n {
+        let hi = (lo + STEP - 1).min(n);
+        let mut tx = conn.begin().await?;
+        for sql in [&record, &claim, &complete] {
+            let done = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+                .bind(lo as i64)
+                .bind(hi as i64)
+                .bind(n as i64)
+                .bind(rate)
+                .execute(&mut *tx)
+                .await?;
+            anyhow::ensure!(
+                done.rows_affected() == hi - lo + 1,
+                "churn: {} of {} rows",
+                done.rows_affected(),
+                hi - lo + 1
+            );
+        }
+        tx.commit().await?;
+        progress(hi);
+        lo = hi + 1;
+    }
+    sqlx::raw_sql("ANALYZE agent_operations")
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
 }
 
 /// A plan's nodes, top down: `Limit > LockRows > Index Scan (index)`; a node with several

@@ -84,9 +84,10 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
     // The fill dates live rows with their operation's age: the planned ones are overdue
     // for republishing until the steady state is set, and the scan takes them in order.
     let overdue = journal
-        .take_for_republish(std::time::Duration::from_secs(5), 10)
+        .take_for_republish(std::time::Duration::from_secs(5), 10, None)
         .await
-        .expect("republish scan");
+        .expect("republish scan")
+        .operations;
     assert_eq!(overdue.len(), 10, "{overdue:?}");
     assert!(
         overdue
@@ -96,16 +97,17 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
     let touched = scale::steady_state(&db.pool).await.expect("steady state");
     assert_eq!(touched as i64, live);
     let none = journal
-        .take_for_republish(std::time::Duration::from_secs(5), 10)
+        .take_for_republish(std::time::Duration::from_secs(5), 10, None)
         .await
-        .expect("republish scan");
+        .expect("republish scan")
+        .operations;
     assert!(
         none.is_empty(),
         "nothing overdue in the steady state: {none:?}"
     );
     drop(journal);
     let scans = scale::sweep_times(&db.pool).await.expect("scans");
-    assert_eq!(scans.len(), 4);
+    assert_eq!(scans.len(), 7);
     assert!(scans.iter().all(|s| s.median_ms.is_finite()), "{scans:?}");
     let republish = &scans[1];
     assert_eq!(republish.scan, "republish");
@@ -135,4 +137,49 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
         ]
     );
     assert!(warmed.iter().all(|(_, mb, _)| *mb > 0.0), "{warmed:?}");
+}
+
+/// `--dead-entries`: the churn leaves the operations `succeeded` with their three events,
+/// and a scan of a full pass walks their dead entries while one between full passes reads
+/// only the window's (buffers, not times: a count that does not depend on the machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churned_operations_leave_dead_entries_that_only_a_full_pass_walks() {
+    let db = TestDb::new().await;
+    // 40,000 at 100/s: recorded over the last 400 s, the bounded window holds ~35 s of them.
+    scale::churn(&db.url, 40_000, 100.0, |_| {})
+        .await
+        .expect("churn");
+    let by: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM agent_operations GROUP BY 1")
+            .fetch_all(&db.pool)
+            .await
+            .expect("count");
+    assert_eq!(by, [("succeeded".to_owned(), 40_000)]);
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM operation_events")
+        .fetch_one(&db.pool)
+        .await
+        .expect("events");
+    assert_eq!(events, 3 * 40_000);
+    let scans = scale::sweep_times(&db.pool).await.expect("scans");
+    let by_name = |name: &str| {
+        scans
+            .iter()
+            .find(|s| s.scan == name)
+            .unwrap_or_else(|| panic!("no scan {name}: {scans:?}"))
+    };
+    for (full, bounded) in [
+        ("expired leases", "expired leases, since the last pass"),
+        ("republish", "republish, since the last pass"),
+        ("live gauges", "live gauges, since the last pass"),
+    ] {
+        let (full, bounded) = (by_name(full), by_name(bounded));
+        assert!(
+            bounded.buffers * 4 < full.buffers,
+            "a bounded pass reads a fraction of a full one's entries: {full:?} vs {bounded:?}"
+        );
+        assert_eq!(
+            full.plan, bounded.plan,
+            "the same index, only a narrower range"
+        );
+    }
 }

@@ -41,6 +41,7 @@ use crate::shutdown::Shutdown;
 use futures_util::StreamExt;
 use lapin::options::BasicAckOptions;
 use oncely_core::config::{ActionPolicy, OnUnknown};
+use oncely_core::journal::sweep::Since;
 use oncely_core::journal::{Completion, DueReview, NewReview, Operation, Verdict};
 use oncely_core::metrics as m;
 use oncely_core::publish::{PublishOptions, Publisher};
@@ -407,8 +408,9 @@ async fn sweep_loop(ctx: Context, publisher: Publisher, mut shutdown: Shutdown) 
     let interval = ctx.config.reconciler.sweep_interval;
     let mut checks = StaleChecks::new(ctx.config.reconciler.concurrency);
     let mut totals = Totals::new(ctx.config.reconciler.totals_interval);
+    let mut since = Bounds::new(ctx.config.reconciler.full_sweep_interval);
     loop {
-        let full = match sweep_once(&ctx, &publisher, &mut checks, &mut totals).await {
+        let full = match sweep_once(&ctx, &publisher, &mut checks, &mut totals, &mut since).await {
             Ok(full) => full,
             Err(e) => {
                 tracing::warn!(error = %e, "sweep failed; trying again next interval");
@@ -422,6 +424,22 @@ async fn sweep_loop(ctx: Context, publisher: Publisher, mut shutdown: Shutdown) 
             }
         } else if shutdown.is_triggered() {
             return;
+        }
+    }
+}
+
+/// What the two busy scans of the next pass read ([`Since`]): expired leases, `planned`
+/// rows to republish.
+struct Bounds {
+    leases: Since,
+    planned: Since,
+}
+
+impl Bounds {
+    fn new(full_every: std::time::Duration) -> Self {
+        Self {
+            leases: Since::new(full_every),
+            planned: Since::new(full_every),
         }
     }
 }
@@ -582,15 +600,21 @@ async fn sweep_once(
     publisher: &Publisher,
     checks: &mut StaleChecks,
     totals: &mut Totals,
+    since: &mut Bounds,
 ) -> anyhow::Result<bool> {
     let rc = &ctx.config.reconciler;
     let mut full = false;
 
+    let started = std::time::Instant::now();
+    let window = since.leases.window(started);
     let expired = ctx
         .journal
-        .expire_leases(rc.batch, &format!("sweeper:{}", ctx.owner))
+        .expire_leases(rc.batch, &format!("sweeper:{}", ctx.owner), window)
         .await?;
     full |= expired.len() as i64 == rc.batch;
+    since
+        .leases
+        .passed(started, window, (expired.len() as i64) < rc.batch);
     for e in &expired {
         metrics::counter!(m::SWEEPER_ACTIONS, "action" => "lease_expired").increment(1);
         metrics::counter!(m::TRANSITIONS, "action_type" => e.action_type.clone(), "status" => "unknown").increment(1);
@@ -601,11 +625,17 @@ async fn sweep_once(
         }
     }
 
+    let started = std::time::Instant::now();
+    let window = since.planned.window(started);
     let republish = ctx
         .journal
-        .take_for_republish(rc.republish_after, rc.batch)
+        .take_for_republish(rc.republish_after, rc.batch, window)
         .await?;
-    full |= republish.len() as i64 == rc.batch;
+    full |= republish.taken as i64 == rc.batch;
+    since
+        .planned
+        .passed(started, window, (republish.taken as i64) < rc.batch);
+    let republish = republish.operations;
     let mut pending = Vec::with_capacity(republish.len());
     for op in &republish {
         let env = match ctx.journal.envelope_of(op) {
@@ -650,7 +680,7 @@ async fn sweep_once(
     full |= checks.take_and_start(ctx, publisher).await?;
     full |= checks.take_and_start_reviews(ctx, publisher).await?;
     count_closed_reviews(ctx, publisher).await?;
-    set_gauges(ctx, totals).await?;
+    set_gauges(ctx, totals, since).await?;
     Ok(full)
 }
 
@@ -731,11 +761,7 @@ impl Totals {
             let started = std::time::Instant::now();
             match journal.status_counts().await {
                 Ok(counts) => {
-                    let all: std::collections::HashMap<String, i64> = counts.into_iter().collect();
-                    for s in Status::ALL.iter().filter(|s| s.is_terminal()) {
-                        metrics::gauge!(m::OPERATIONS, "status" => s.as_str())
-                            .set(all.get(s.as_str()).copied().unwrap_or(0) as f64);
-                    }
+                    set_status_gauges(counts, |s| s.is_terminal());
                     tracing::debug!(
                         seconds = started.elapsed().as_secs_f64(),
                         "counted the operations by status"
@@ -757,20 +783,31 @@ impl Drop for Totals {
     }
 }
 
-/// The backlog gauges. Every live status gets a value each sweep (0 too, or an emptied
-/// status would keep its last one), counted on the live rows' own indexes; the terminal
-/// statuses when [`Totals`] says so.
-async fn set_gauges(ctx: &Context, totals: &mut Totals) -> anyhow::Result<()> {
-    let live: std::collections::HashMap<String, i64> = ctx
-        .journal
-        .live_status_counts()
-        .await?
-        .into_iter()
-        .collect();
-    for s in Status::ALL.iter().filter(|s| !s.is_terminal()) {
+/// Set `oncely_operations{status}` of each status `which` picks from `counts`, 0 for one
+/// that has no operations (absent from `counts`), or it would keep its last value.
+fn set_status_gauges(counts: Vec<(String, i64)>, which: impl Fn(&Status) -> bool) {
+    let counts: std::collections::HashMap<String, i64> = counts.into_iter().collect();
+    for s in Status::ALL.iter().filter(|s| which(s)) {
         metrics::gauge!(m::OPERATIONS, "status" => s.as_str())
-            .set(live.get(s.as_str()).copied().unwrap_or(0) as f64);
+            .set(counts.get(s.as_str()).copied().unwrap_or(0) as f64);
     }
+}
+
+/// The backlog gauges. Every live status gets a value each sweep (0 too, or an emptied
+/// status would keep its last one), counted on the live rows' own indexes, `planned` and
+/// `executing` within the passes' windows ([`Since`]); the terminal statuses when
+/// [`Totals`] says so.
+async fn set_gauges(ctx: &Context, totals: &mut Totals, since: &Bounds) -> anyhow::Result<()> {
+    let now = std::time::Instant::now();
+    let planned = since
+        .planned
+        .window(now)
+        .map(|w| w + ctx.config.reconciler.republish_after);
+    let live = ctx
+        .journal
+        .live_status_counts(planned, since.leases.window(now))
+        .await?;
+    set_status_gauges(live, |s| !s.is_terminal());
     totals.start_if_due(ctx);
     let open = ctx.journal.open_reviews().await?;
     metrics::gauge!(m::REVIEWS_OPEN).set((open.for_person + open.for_lookup) as f64);

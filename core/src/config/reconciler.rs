@@ -39,6 +39,12 @@ pub struct ReconcilerConfig {
     /// (counted every sweep on their own indexes). `"0s"`: never (those gauges stay unset).
     #[serde(with = "human")]
     pub totals_interval: Duration,
+    /// How often a pass of the sweeper reads every expired lease and every `planned` row
+    /// due for republishing; the passes between read only what became due since the last
+    /// pass (their cost does not grow with the dead index entries a vacuum has not cleaned
+    /// yet). `"0s"`: every pass reads everything.
+    #[serde(with = "human")]
+    pub full_sweep_interval: Duration,
 }
 
 impl Default for ReconcilerConfig {
@@ -60,6 +66,7 @@ impl ReconcilerConfig {
         batch: 200,
         concurrency: 16,
         totals_interval: Duration::from_secs(600),
+        full_sweep_interval: Duration::from_secs(300),
     };
 
     /// Intervals above zero (a zero interval is a busy loop), sizes at least 1.

@@ -19,11 +19,13 @@ use std::time::Duration;
 // The row selections of the three scans, as macros so that each statement below is one
 // literal (`concat!`) and the bench can time the very same text ([`SCANS`]).
 
-/// `executing` with an expired lease, oldest first. `$1`: limit.
+/// `executing` with an expired lease, oldest first. `$1`: limit; `$3`: seconds back from
+/// now that the lease expired at most (`NULL`: any time — a full pass; see [`Since`]).
 macro_rules! expired_leases {
     () => {
         "SELECT idempotency_key FROM agent_operations \
          WHERE status = 'executing' AND lease_until < now() \
+           AND lease_until >= COALESCE(now() - make_interval(secs => $3), '-infinity') \
          ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED"
     };
 }
@@ -33,11 +35,14 @@ macro_rules! expired_leases {
 /// `lease_until` on `agent_operations_live_idx` — so the cost is the rows taken, not the
 /// live rows sorted (one `OR` over both needed a bitmap scan and a sort of every candidate).
 /// The second runs only if the first brought fewer than `$2` (the outer `LIMIT` stops the
-/// `Append`), so at most `$2` rows are locked. `$1`: seconds untouched, `$2`: limit.
+/// `Append`), so at most `$2` rows are locked. `$1`: seconds untouched, `$2`: limit, `$3`:
+/// for `planned`, seconds back from when it became due at most (`NULL`: any time; see
+/// [`Since`]). `failed_retryable` is always read whole: few rows ever pass through it.
 macro_rules! republish {
     () => {
         "WITH p AS (SELECT idempotency_key FROM agent_operations \
              WHERE status = 'planned' AND updated_at < now() - make_interval(secs => $1) \
+               AND updated_at >= COALESCE(now() - make_interval(secs => $1 + $3), '-infinity') \
              ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          r AS (SELECT idempotency_key FROM agent_operations \
              WHERE status = 'failed_retryable' AND lease_until <= now() \
@@ -61,20 +66,107 @@ macro_rules! stale_unknowns {
 
 /// [`Journal::live_status_counts`]: `planned` on its partial index, the other three live
 /// statuses on theirs (each predicate implies its index's, so neither reads a terminal row).
+/// `$1`: seconds back that a `planned` row was stamped at most, `$2`: that an `executing`
+/// lease expired at most (`NULL`: any time, a full count) — the same bounds as the scans'
+/// ([`Since`]), so a count between full passes does not walk the dead entries either.
 pub const LIVE_STATUS_COUNTS: &str = "SELECT 'planned'::text AS status, count(*) FROM agent_operations \
-     WHERE status = 'planned' HAVING count(*) > 0 \
+     WHERE status = 'planned' AND updated_at >= COALESCE(now() - make_interval(secs => $1), '-infinity') \
+     HAVING count(*) > 0 \
+     UNION ALL SELECT 'executing', count(*) FROM agent_operations \
+     WHERE status = 'executing' AND lease_until >= COALESCE(now() - make_interval(secs => $2), '-infinity') \
+     HAVING count(*) > 0 \
      UNION ALL SELECT status, count(*) FROM agent_operations \
-     WHERE status IN ('executing', 'failed_retryable', 'unknown') GROUP BY status";
+     WHERE status IN ('failed_retryable', 'unknown') GROUP BY status";
 
 /// The three scans' row selections, `(name, sql)`, for timing them on a big journal
-/// (`oncely-bench --journal-rows`). Their parameters: expired leases `$1` limit;
-/// republish `$1` seconds untouched, `$2` limit; stale unknowns `$1` seconds stale, `$2`
-/// unused, `$3` limit.
+/// (`oncely-bench --journal-rows`). Their parameters: expired leases `$1` limit, `$2`
+/// unused, `$3` window (`NULL`: a full pass); republish `$1` seconds untouched, `$2` limit,
+/// `$3` window; stale unknowns `$1` seconds stale, `$2` unused, `$3` limit.
 pub const SCANS: [(&str, &str); 3] = [
     ("expired leases", expired_leases!()),
     ("republish", republish!()),
     ("stale unknowns", stale_unknowns!()),
 ];
+
+/// How far back a bounded pass reads below the start of the last pass that saw every due
+/// row: a transaction stamps its row with its own start (`now()`), so a row stamped before
+/// that pass may have been committed after it, and the sweeper's clock and the
+/// statement's start differ by a round trip. Any row stamped earlier still is found by the
+/// next full pass ([`Since`]).
+pub const SINCE_OVERLAP: Duration = Duration::from_secs(30);
+
+/// Which rows a pass of a scan over a busy status reads (`executing` leases, `planned`
+/// rows to republish).
+///
+/// Every operation passes through both statuses, and each row that leaves one leaves a dead
+/// entry in that status's index until a vacuum cleans the indexes (docs/operations.md,
+/// "Autovacuum on a big journal"). A scan for rows due *before now* walks all of those
+/// entries first, so a full scan costs what has passed through the status since the last
+/// index cleanup — hours of traffic. A pass after one that saw every due row (it took fewer
+/// than its batch) need only read rows that became due since that pass started, less
+/// [`SINCE_OVERLAP`]: that costs what passed through in one interval. Every
+/// `full_every` (and on the first pass, and until a full pass is not cut short by its
+/// batch) a pass reads everything again, which finds the rows a bounded pass cannot: one
+/// skipped (`SKIP LOCKED`) by a pass while another transaction held it that then rolled
+/// back, or one stamped by a transaction older than the overlap. The windows are measured
+/// on the process's monotonic clock, which on Linux stops while the machine is suspended:
+/// what became due during a suspension is left to the next full pass too.
+#[derive(Debug, Clone)]
+pub struct Since {
+    full_every: Duration,
+    last_full: Option<std::time::Instant>,
+    last_complete: Option<std::time::Instant>,
+}
+
+impl Since {
+    /// A full pass at least every `full_every` (zero: every pass is full).
+    pub fn new(full_every: Duration) -> Self {
+        Self {
+            full_every,
+            last_full: None,
+            last_complete: None,
+        }
+    }
+
+    /// The window of a pass starting at `now`: how far back from now its rows became due at
+    /// most; `None` for a full pass.
+    pub fn window(&self, now: std::time::Instant) -> Option<Duration> {
+        match (self.last_full, self.last_complete) {
+            (Some(full), Some(complete))
+                if now.saturating_duration_since(full) < self.full_every =>
+            {
+                Some(now.saturating_duration_since(complete) + SINCE_OVERLAP)
+            }
+            _ => None,
+        }
+    }
+
+    /// Record a pass that started at `started` with `window`: `complete` when it took fewer
+    /// rows than its batch, so it saw every row due in its window.
+    pub fn passed(
+        &mut self,
+        started: std::time::Instant,
+        window: Option<Duration>,
+        complete: bool,
+    ) {
+        if complete {
+            self.last_complete = Some(started);
+            if window.is_none() {
+                self.last_full = Some(started);
+            }
+        }
+    }
+}
+
+/// What [`Journal::take_for_republish`] took.
+#[derive(Debug, Clone)]
+pub struct Republish {
+    /// Rows taken (their `updated_at` bumped): the batch was full when this is its limit.
+    pub taken: usize,
+    /// Those still `planned` or `failed_retryable` when read back, to publish (a worker may
+    /// have claimed one in between).
+    pub operations: Vec<Operation>,
+}
 
 /// An operation the sweeper moved from `executing` to `unknown`.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,11 +180,13 @@ pub struct Expired {
 }
 
 impl Journal {
-    /// `executing` with an expired lease → `unknown` (due now), a batch at a time.
+    /// `executing` with an expired lease → `unknown` (due now), a batch at a time; only
+    /// leases that expired within `window` of now, or any (`None`, a full pass: [`Since`]).
     pub async fn expire_leases(
         &self,
         limit: i64,
         actor: &str,
+        window: Option<Duration>,
     ) -> Result<Vec<Expired>, JournalError> {
         debug_assert!(transition(Some(Status::Executing), Status::Unknown).is_some());
         let rows = sqlx::query(
@@ -104,6 +198,7 @@ impl Journal {
         )
         .bind(limit)
         .bind(actor)
+        .bind(window.map(|w| w.as_secs_f64()))
         .fetch_all(&self.db)
         .await?;
         rows.into_iter()
@@ -126,11 +221,13 @@ impl Journal {
     /// At most `limit`: the longest-untouched `planned` first, then the longest-due
     /// `failed_retryable` (a full batch makes the sweeper go again at once, and the
     /// `planned` it took are not due again for `after`, so neither kind waits for long).
+    /// `window`: only `planned` rows that became due within it (`None`: any; [`Since`]).
     pub async fn take_for_republish(
         &self,
         after: Duration,
         limit: i64,
-    ) -> Result<Vec<Operation>, JournalError> {
+        window: Option<Duration>,
+    ) -> Result<Republish, JournalError> {
         let keys: Vec<String> = sqlx::query_scalar(concat!(
             "WITH due AS (",
             republish!(),
@@ -140,14 +237,19 @@ impl Journal {
         ))
         .bind(after.as_secs_f64())
         .bind(limit)
+        .bind(window.map(|w| w.as_secs_f64()))
         .fetch_all(&self.db)
         .await?;
-        Ok(self
+        let operations = self
             .get_many_by_text(&keys)
             .await?
             .into_values()
             .filter(|op| matches!(op.status, Status::Planned | Status::FailedRetryable))
-            .collect())
+            .collect();
+        Ok(Republish {
+            taken: keys.len(),
+            operations,
+        })
     }
 
     /// Take the `unknown` operations due for a check for longer than `stale_after`, with
@@ -232,8 +334,17 @@ impl Journal {
     /// is counted on a partial index that holds only live rows (`agent_operations_planned_idx`,
     /// `agent_operations_live_idx`), so the cost follows the live work, not the journal's
     /// history: see [`Journal::status_counts`] for what counting everything costs.
-    pub async fn live_status_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
+    /// `planned` and `executing` are counted within the windows of the sweeper's passes
+    /// (`None`: all), the windows [`Since`] gives the scans: exact after a full pass, and
+    /// between full passes short only of the rows that a full pass alone would take.
+    pub async fn live_status_counts(
+        &self,
+        planned: Option<Duration>,
+        leases: Option<Duration>,
+    ) -> Result<Vec<(String, i64)>, JournalError> {
         Ok(sqlx::query_as(LIVE_STATUS_COUNTS)
+            .bind(planned.map(|w| w.as_secs_f64()))
+            .bind(leases.map(|w| w.as_secs_f64()))
             .fetch_all(&self.db)
             .await?)
     }
@@ -287,3 +398,39 @@ const _: () = assert!(matches!(
     transition(Some(Status::Unknown), Status::FailedRetryable),
     Some(Move::Settle)
 ));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_pass_is_full_first_then_bounded_by_the_last_complete_pass_until_the_interval() {
+        let t0 = Instant::now();
+        let mut since = Since::new(300 * S);
+        assert_eq!(since.window(t0), None, "the first pass is full");
+        // A full pass cut short by its batch: the next is full again.
+        since.passed(t0, None, false);
+        assert_eq!(since.window(t0 + S), None);
+        since.passed(t0 + S, None, true);
+        // Bounded: back to the start of the last complete pass, and the overlap.
+        assert_eq!(since.window(t0 + 6 * S), Some(5 * S + SINCE_OVERLAP));
+        // A bounded pass cut short does not move the bound: the window grows.
+        since.passed(t0 + 6 * S, Some(5 * S + SINCE_OVERLAP), false);
+        assert_eq!(since.window(t0 + 7 * S), Some(6 * S + SINCE_OVERLAP));
+        since.passed(t0 + 7 * S, Some(6 * S + SINCE_OVERLAP), true);
+        assert_eq!(since.window(t0 + 12 * S), Some(5 * S + SINCE_OVERLAP));
+        // The interval since the last full pass has passed: full again.
+        assert_eq!(since.window(t0 + 301 * S), None);
+    }
+
+    #[test]
+    fn a_zero_interval_makes_every_pass_full() {
+        let t0 = Instant::now();
+        let mut since = Since::new(Duration::ZERO);
+        since.passed(t0, None, true);
+        assert_eq!(since.window(t0 + S), None);
+    }
+}

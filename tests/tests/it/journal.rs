@@ -840,9 +840,10 @@ async fn republish_takes_planned_then_due_retries_and_never_more_than_its_limit(
     .expect("age the rows");
     let sweep = async || {
         let mut k: Vec<String> = j
-            .take_for_republish(Duration::from_secs(60), 4)
+            .take_for_republish(Duration::from_secs(60), 4, None)
             .await
             .expect("sweep")
+            .operations
             .into_iter()
             .map(|o| o.key.as_str().to_owned())
             .collect();

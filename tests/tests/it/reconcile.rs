@@ -1032,3 +1032,104 @@ async fn the_status_gauges_count_live_states_every_sweep_and_totals_on_their_int
         }
     }
 }
+
+/// Between full passes the sweeper reads only leases and `planned` rows that became due
+/// since its last pass; a row stamped behind that bound is left to the next full pass —
+/// here the first pass of the next reconciler (every process starts with a full one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn between_full_passes_the_sweeper_reads_only_what_became_due_since_its_last_pass() {
+    use oncely_core::config::ReconcilerConfig;
+    use oncely_core::journal::ClaimRequest;
+    let fleet = Fleet::with(FleetOptions {
+        reconciler: Some(ReconcilerConfig {
+            full_sweep_interval: Duration::from_secs(3600),
+            ..FAST_RECONCILER
+        }),
+        ..quick()
+    })
+    .await;
+    let journal = fleet.db.journal();
+    let port = oncely_tests::free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let first = fleet.spawn(&["reconcile", "--metrics-addr", &metrics]);
+    // The gauges are set at the end of a pass: the first, full one has run.
+    eventually("the first pass", DEADLINE, || async {
+        gauge(port, "planned").await.map(|_| ())
+    })
+    .await;
+
+    let envs: Vec<Envelope> = (0..4)
+        .map(|n| email(700 + n).seal(&secret()).expect("seal"))
+        .collect();
+    let [hidden_planned, hidden_lease, planned, lease] = [0, 1, 2, 3].map(|i| &envs[i]);
+    for env in &envs {
+        journal.record(env, "test").await.expect("record");
+    }
+    for (env, secs) in [(hidden_lease, 3600), (lease, 1)] {
+        journal
+            .claim(
+                &[ClaimRequest {
+                    envelope: env,
+                    lease: Duration::from_secs(secs),
+                }],
+                "worker@test",
+            )
+            .await
+            .expect("claim");
+    }
+    // Stamped an hour back, behind any bounded pass's window (as a transaction that began
+    // long before the last pass and committed after it would leave them).
+    for (env, sql) in [
+        (
+            hidden_planned,
+            "UPDATE agent_operations SET updated_at = now() - interval '1 hour' WHERE idempotency_key = $1",
+        ),
+        (
+            hidden_lease,
+            "UPDATE agent_operations SET lease_until = now() - interval '1 hour' WHERE idempotency_key = $1",
+        ),
+    ] {
+        let done = sqlx::query(sql)
+            .bind(env.key.as_str())
+            .execute(&fleet.db.pool)
+            .await
+            .expect("stamp");
+        assert_eq!(done.rows_affected(), 1);
+    }
+    let hidden_stamp = fleet.op(&hidden_planned.key).await.expect("row").updated_at;
+    let recorded = fleet.op(&planned.key).await.expect("row").updated_at;
+
+    // The rows that became due after the last pass are taken...
+    eventually("the planned row republished", DEADLINE, || async {
+        (fleet.op(&planned.key).await?.updated_at > recorded).then_some(())
+    })
+    .await;
+    eventually("the expired lease taken", DEADLINE, || async {
+        (fleet.op(&lease.key).await?.status != Status::Executing).then_some(())
+    })
+    .await;
+    // ...by passes that did not read the older ones, though those were due first: each
+    // scan takes the longest-due rows first.
+    assert_eq!(
+        fleet.op(&hidden_planned.key).await.expect("row").updated_at,
+        hidden_stamp,
+        "a bounded pass republished a row stamped before its window"
+    );
+    assert_eq!(
+        fleet.op(&hidden_lease.key).await.expect("row").status,
+        Status::Executing,
+        "a bounded pass expired a lease that ended before its window"
+    );
+
+    // A new reconciler's first pass is full: it finds both.
+    first.kill().await;
+    let _second = fleet.reconciler();
+    eventually("the hidden planned row republished", DEADLINE, || async {
+        (fleet.op(&hidden_planned.key).await?.updated_at > hidden_stamp).then_some(())
+    })
+    .await;
+    eventually("the hidden lease expired", DEADLINE, || async {
+        (fleet.op(&hidden_lease.key).await?.status != Status::Executing).then_some(())
+    })
+    .await;
+}

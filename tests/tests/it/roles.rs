@@ -272,16 +272,17 @@ async fn each_role_can_run_its_statements_and_nothing_it_must_not() {
         .expect("open a review as the reconciler")
     );
     let republish = rj
-        .take_for_republish(Duration::ZERO, 10)
+        .take_for_republish(Duration::ZERO, 10, None)
         .await
-        .expect("republish as the reconciler");
+        .expect("republish as the reconciler")
+        .operations;
     assert!(
         republish
             .iter()
             .any(|op| op.key == b.key && op.payload.is_some()),
         "{republish:?}"
     );
-    rj.expire_leases(10, "sweeper").await.expect("expire");
+    rj.expire_leases(10, "sweeper", None).await.expect("expire");
     journal_refused(
         rj.record(&payment("d", 4), "reconciler").await,
         "the reconciler recording",
