@@ -31,6 +31,10 @@ pub enum AdminCommand {
         /// Only count what would go.
         #[arg(long)]
         dry_run: bool,
+        /// Pages of the operations table per transaction (8 kB each): the purge reads the
+        /// table once, a step at a time, each step its own transaction.
+        #[arg(long, default_value_t = oncely_core::journal::review::PURGE_BLOCKS, value_parser = clap::value_parser!(i64).range(1..))]
+        pages_per_step: i64,
     },
 }
 
@@ -173,7 +177,8 @@ pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
         AdminCommand::Purge {
             older_than,
             dry_run,
-        } => purge(config, &journal, &older_than, dry_run).await,
+            pages_per_step,
+        } => purge(config, &journal, &older_than, dry_run, pages_per_step).await,
     }
 }
 
@@ -509,6 +514,7 @@ async fn purge(
     journal: &Journal,
     older_than: &str,
     dry_run: bool,
+    pages_per_step: i64,
 ) -> anyhow::Result<i32> {
     let age = parse_duration(older_than).map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
     let mut cutoffs = Vec::new();
@@ -525,7 +531,22 @@ async fn purge(
         }
         cutoffs.push((action.clone(), age.max(retention)));
     }
-    let n = journal.purge(&cutoffs, dry_run).await?;
+    // Progress on stderr every 10 s (a purge of a big journal reads all of it).
+    let mut said = std::time::Instant::now();
+    let n = journal
+        .purge_in_steps(&cutoffs, dry_run, pages_per_step, |step| {
+            if said.elapsed() >= Duration::from_secs(10) {
+                said = std::time::Instant::now();
+                eprintln!(
+                    "{} {} so far; page {} of {}",
+                    if dry_run { "would purge" } else { "purged" },
+                    step.purged,
+                    step.next_block.min(step.table_blocks),
+                    step.table_blocks
+                );
+            }
+        })
+        .await?;
     println!(
         "{} {n} terminal operations",
         if dry_run { "would purge" } else { "purged" }

@@ -353,27 +353,91 @@ impl Journal {
 
     /// Delete terminal operations (with their events and reviews) last changed before
     /// now − cutoff, where the cutoff is given per action type (callers pass at least the
-    /// provider's key retention). Returns how many operations went (or would go).
+    /// provider's key retention). Returns how many operations went (or would go). In
+    /// steps of [`PURGE_BLOCKS`]: see [`Journal::purge_in_steps`].
     pub async fn purge(
         &self,
         cutoffs: &[(String, Duration)],
         dry_run: bool,
     ) -> Result<u64, JournalError> {
+        self.purge_in_steps(cutoffs, dry_run, PURGE_BLOCKS, |_| {})
+            .await
+    }
+
+    /// [`Journal::purge`], one transaction per `blocks` pages of the operations table, from
+    /// its first page to its last (`progress` after each): each step reads only its pages
+    /// (a TID range scan: no index says which operations are old, and none is kept for it —
+    /// it would cost every action an entry), so a purge reads the table once, in small
+    /// transactions that hold few locks and little memory, whatever it deletes. An
+    /// operation that a concurrent update moves to a page already passed waits for the
+    /// next purge; a terminal one is never updated again.
+    pub async fn purge_in_steps(
+        &self,
+        cutoffs: &[(String, Duration)],
+        dry_run: bool,
+        blocks: i64,
+        mut progress: impl FnMut(&PurgeStep),
+    ) -> Result<u64, JournalError> {
+        let blocks = blocks.max(1);
+        let mut step = PurgeStep {
+            purged: 0,
+            next_block: 0,
+            table_blocks: 0,
+        };
+        loop {
+            step.table_blocks = sqlx::query_scalar(
+                "SELECT pg_relation_size('agent_operations') / current_setting('block_size')::bigint",
+            )
+            .persistent(false)
+            .fetch_one(self.db.pool())
+            .await?;
+            if step.next_block >= step.table_blocks {
+                return Ok(step.purged);
+            }
+            let to = step.next_block + blocks;
+            step.purged += self
+                .purge_blocks(cutoffs, step.next_block, to, dry_run)
+                .await?;
+            step.next_block = to;
+            progress(&step);
+        }
+    }
+
+    /// One step of [`Journal::purge_in_steps`]: pages `[from, to)`.
+    async fn purge_blocks(
+        &self,
+        cutoffs: &[(String, Duration)],
+        from: i64,
+        to: i64,
+        dry_run: bool,
+    ) -> Result<u64, JournalError> {
         let actions: Vec<String> = cutoffs.iter().map(|(a, _)| a.clone()).collect();
         let secs: Vec<f64> = cutoffs.iter().map(|(_, d)| d.as_secs_f64()).collect();
         let mut tx = self.db.pool().begin().await?;
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT o.idempotency_key, o.seq FROM agent_operations o JOIN unnest($1::text[], $2::float8[]) AS c(a, s) ON o.action_type = c.a \
-             WHERE o.status IN ('succeeded', 'failed_final') AND o.updated_at < now() - make_interval(secs => c.s) FOR UPDATE OF o",
+        // Each row's place (`ctid`) too: the delete below finds the rows by it, not by a
+        // descent of the primary key per row; the lock taken here keeps it from moving.
+        let rows: Vec<(String, i64, String)> = sqlx::query_as(
+            "SELECT o.idempotency_key, o.seq, o.ctid::text FROM agent_operations o JOIN unnest($1::text[], $2::float8[]) AS c(a, s) ON o.action_type = c.a \
+             WHERE o.ctid >= format('(%s,0)', $3::bigint)::tid AND o.ctid < format('(%s,0)', $4::bigint)::tid \
+               AND o.status IN ('succeeded', 'failed_final') AND o.updated_at < now() - make_interval(secs => c.s) FOR UPDATE OF o",
         )
         .persistent(false)
         .bind(&actions)
         .bind(&secs)
+        .bind(from)
+        .bind(to)
         .fetch_all(&mut *tx)
         .await?;
-        let (keys, seqs): (Vec<String>, Vec<i64>) = rows.into_iter().unzip();
-        if dry_run || keys.is_empty() {
-            return Ok(keys.len() as u64);
+        if dry_run || rows.is_empty() {
+            return Ok(rows.len() as u64);
+        }
+        let mut keys = Vec::with_capacity(rows.len());
+        let mut seqs = Vec::with_capacity(rows.len());
+        let mut places = Vec::with_capacity(rows.len());
+        for (key, seq, place) in rows {
+            keys.push(key);
+            seqs.push(seq);
+            places.push(place);
         }
         sqlx::query("SET LOCAL oncely.purge = 'on'")
             .persistent(false)
@@ -389,13 +453,28 @@ impl Journal {
             .bind(&keys)
             .execute(&mut *tx)
             .await?;
-        let n = sqlx::query("DELETE FROM agent_operations WHERE idempotency_key = ANY($1)")
+        let n = sqlx::query("DELETE FROM agent_operations WHERE ctid = ANY($1::text[]::tid[])")
             .persistent(false)
-            .bind(&keys)
+            .bind(&places)
             .execute(&mut *tx)
             .await?
             .rows_affected();
         tx.commit().await?;
         Ok(n)
     }
+}
+
+/// Pages of the operations table one purge transaction reads by default (8 MB; about
+/// 20,000 operations at the journal's usual row size).
+pub const PURGE_BLOCKS: i64 = 1_000;
+
+/// Where a purge is ([`Journal::purge_in_steps`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PurgeStep {
+    /// Operations purged so far (with a dry run: that would be).
+    pub purged: u64,
+    /// The first page of the next step.
+    pub next_block: i64,
+    /// Pages of the operations table when this step began.
+    pub table_blocks: i64,
 }

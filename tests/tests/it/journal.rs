@@ -938,3 +938,71 @@ async fn events_recorded_before_the_sequence_migration_are_found_after_it() {
         "the purged operations' events went with them, old and new"
     );
 }
+
+/// A purge reads the operations table a few pages per transaction: with one page per step,
+/// terminal operations spread over many pages all go, with their events, in several steps
+/// that walk the table from its first page to its last; live and recent ones stay.
+#[tokio::test]
+async fn a_purge_in_steps_of_one_page_deletes_every_old_terminal_operation_and_only_those() {
+    let db = TestDb::new().await;
+    let j = db.journal();
+    let old: Vec<Envelope> = (0..60)
+        .map(|n| envelope("purge-steps", &format!("old-{n}"), pay(n)))
+        .collect();
+    for e in &old {
+        settle_succeeded(&j, e).await;
+    }
+    let recent = envelope("purge-steps", "recent", pay(100));
+    settle_succeeded(&j, &recent).await;
+    let live = envelope("purge-steps", "live", pay(101));
+    j.record(&live, "producer").await.expect("record");
+    // The old ones and the live one last changed two days ago.
+    let keys: Vec<&str> = old.iter().chain([&live]).map(|e| e.key.as_str()).collect();
+    sqlx::query(
+        "UPDATE agent_operations SET updated_at = now() - interval '2 days' WHERE idempotency_key = ANY($1)",
+    )
+    .bind(&keys)
+    .execute(&db.pool)
+    .await
+    .expect("age them");
+    let pages: i64 = sqlx::query_scalar(
+        "SELECT pg_relation_size('agent_operations') / current_setting('block_size')::bigint",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("pages");
+    assert!(pages >= 3, "the rows span several pages: {pages}");
+
+    let cutoff = [(
+        "payment_order.create".to_owned(),
+        Duration::from_secs(86_400),
+    )];
+    let mut steps = Vec::new();
+    let would = j
+        .purge_in_steps(&cutoff, true, 1, |s| steps.push(*s))
+        .await
+        .expect("dry run");
+    assert_eq!(would, 60);
+    assert_eq!(steps.len() as i64, pages, "one step per page: {steps:?}");
+    assert_eq!(row_count(&db).await, 62, "a dry run deletes nothing");
+    let mut last = 0;
+    let purged = j
+        .purge_in_steps(&cutoff, false, 1, |s| {
+            assert_eq!(s.next_block, last + 1, "the pages in order: {s:?}");
+            last = s.next_block;
+        })
+        .await
+        .expect("purge");
+    assert_eq!(purged, 60);
+    assert_eq!(last, pages);
+    for e in &old {
+        assert!(j.get(&e.key).await.expect("get").is_none());
+        assert!(j.events(&e.key).await.expect("events").is_empty());
+    }
+    for e in [&recent, &live] {
+        assert!(j.get(&e.key).await.expect("get").is_some());
+        assert!(!j.events(&e.key).await.expect("events").is_empty());
+    }
+    // Nothing is left for a second purge.
+    assert_eq!(j.purge(&cutoff, false).await.expect("again"), 0);
+}
