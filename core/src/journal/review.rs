@@ -379,6 +379,8 @@ impl Journal {
         mut progress: impl FnMut(&PurgeStep),
     ) -> Result<u64, JournalError> {
         let blocks = blocks.max(1);
+        let actions: Vec<String> = cutoffs.iter().map(|(a, _)| a.clone()).collect();
+        let secs: Vec<f64> = cutoffs.iter().map(|(_, d)| d.as_secs_f64()).collect();
         let mut step = PurgeStep {
             purged: 0,
             next_block: 0,
@@ -396,7 +398,7 @@ impl Journal {
             }
             let to = step.next_block + blocks;
             step.purged += self
-                .purge_blocks(cutoffs, step.next_block, to, dry_run)
+                .purge_blocks((&actions, &secs), step.next_block, to, dry_run)
                 .await?;
             step.next_block = to;
             progress(&step);
@@ -406,13 +408,11 @@ impl Journal {
     /// One step of [`Journal::purge_in_steps`]: pages `[from, to)`.
     async fn purge_blocks(
         &self,
-        cutoffs: &[(String, Duration)],
+        (actions, secs): (&[String], &[f64]),
         from: i64,
         to: i64,
         dry_run: bool,
     ) -> Result<u64, JournalError> {
-        let actions: Vec<String> = cutoffs.iter().map(|(a, _)| a.clone()).collect();
-        let secs: Vec<f64> = cutoffs.iter().map(|(_, d)| d.as_secs_f64()).collect();
         let mut tx = self.db.pool().begin().await?;
         // Each row's place (`ctid`) too: the delete below finds the rows by it, not by a
         // descent of the primary key per row; the lock taken here keeps it from moving.
@@ -422,8 +422,8 @@ impl Journal {
                AND o.status IN ('succeeded', 'failed_final') AND o.updated_at < now() - make_interval(secs => c.s) FOR UPDATE OF o",
         )
         .persistent(false)
-        .bind(&actions)
-        .bind(&secs)
+        .bind(actions)
+        .bind(secs)
         .bind(from)
         .bind(to)
         .fetch_all(&mut *tx)
