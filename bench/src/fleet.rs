@@ -83,6 +83,10 @@ pub struct FleetSpec {
     /// request per intent on [`HTTP_CONNECTIONS`] keep-alive connections) instead of the
     /// SDK; the gateway's CPU counts with the workers'.
     pub gateway: bool,
+    /// With [`FleetEnv::time_sweeps`]: after the scans as the run left the journal,
+    /// `VACUUM (INDEX_CLEANUP ON)` it and time them again ([`FleetResult::sweep_vacuumed`]).
+    /// Only after a pair's last run: the vacuum changes what a next run would find.
+    pub vacuumed_sweeps: bool,
 }
 
 /// Concurrent HTTP connections of a gateway run.
@@ -134,6 +138,11 @@ pub struct FleetResult {
     /// The sweeper's scans timed on the journal once the run was done (empty unless
     /// [`FleetEnv::time_sweeps`]).
     pub sweep: Vec<super::scale::ScanTime>,
+    /// The same scans after `VACUUM (INDEX_CLEANUP ON)` (empty unless
+    /// [`FleetSpec::vacuumed_sweeps`]).
+    pub sweep_vacuumed: Vec<super::scale::ScanTime>,
+    /// How long that vacuum took (s; 0 without it).
+    pub vacuum_seconds: f64,
 }
 
 impl FleetResult {
@@ -372,12 +381,15 @@ async fn measure(
         to_claim_ms: to_claim,
         claim_to_done_ms: to_done,
     } = journal.succeeded_latencies(&keys).await?;
-    let sweep = if env.time_sweeps {
+    let (mut sweep, mut sweep_vacuumed, mut vacuum_seconds) = (Vec::new(), Vec::new(), 0.0);
+    if env.time_sweeps {
         super::scale::steady_state(&pool).await?;
-        super::scale::sweep_times(&pool).await?
-    } else {
-        Vec::new()
-    };
+        sweep = super::scale::sweep_times(&pool).await?;
+        if spec.vacuumed_sweeps {
+            vacuum_seconds = super::scale::vacuum(&pool).await?;
+            sweep_vacuumed = super::scale::sweep_times(&pool).await?;
+        }
+    }
     let peak_rss_mib: Vec<f64> = pids
         .iter()
         .map(|p| sys::peak_rss_mib(*p).unwrap_or(f64::NAN))
@@ -419,6 +431,8 @@ async fn measure(
         via_gateway: spec.gateway,
         cpu,
         sweep,
+        sweep_vacuumed,
+        vacuum_seconds,
     })
 }
 

@@ -260,6 +260,24 @@ pub async fn steady_state(pool: &PgPool) -> anyhow::Result<u64> {
     .rows_affected())
 }
 
+/// `VACUUM (INDEX_CLEANUP ON) agent_operations`: the scans timed after it find no dead
+/// index entries, on an empty and on a filled journal alike. Without them the two are
+/// not compared like with like: [`steady_state`] leaves one dead entry per live operation
+/// of the filled journal, dated in the past (its clocks before the update), right where
+/// the expired-leases and republish scans look, while the empty journal's dead entries
+/// (one per action of the run) still lie ahead of those scans' cut-off (a 60-s lease, the
+/// republish delay) when they are timed. `INDEX_CLEANUP ON` because a plain vacuum skips
+/// the indexes when so few of a large table's pages have dead rows (Postgres 14+) —
+/// which is also why autovacuum leaves such entries for long (docs/performance.md, "The
+/// sweeper's scans between index cleanups"). Returns the seconds it took.
+pub async fn vacuum(pool: &PgPool) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    sqlx::raw_sql("VACUUM (INDEX_CLEANUP ON) agent_operations")
+        .execute(pool)
+        .await?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
 /// One scan's timing.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScanTime {

@@ -182,4 +182,18 @@ async fn churned_operations_leave_dead_entries_that_only_a_full_pass_walks() {
             "the same index, only a narrower range"
         );
     }
+
+    // `--journal-rows`' [after VACUUM] rows: the index cleanup removes those dead entries,
+    // and a full pass's scans read a fraction of what they read before it.
+    let seconds = scale::vacuum(&db.pool).await.expect("vacuum");
+    assert!(seconds.is_finite() && seconds >= 0.0);
+    let after = scale::sweep_times(&db.pool).await.expect("scans after vacuum");
+    for name in ["expired leases", "republish"] {
+        let (before, after) = (by_name(name), after.iter().find(|s| s.scan == name));
+        let after = after.unwrap_or_else(|| panic!("no scan {name} after vacuum: {after:?}"));
+        assert!(
+            after.buffers * 4 < before.buffers,
+            "{name}: no dead entries left to walk after the vacuum: {before:?} vs {after:?}"
+        );
+    }
 }
