@@ -655,7 +655,9 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv) -> anyhow::Result<()>
         };
         let rows = filled.operations;
         warm(args, &url).await?;
-        let full = pair(&env, &format!("journal of {rows} operations")).await?;
+        let runs = pair(&env, &format!("journal of {rows} operations")).await?;
+        let live_only = live_only(args, &env.run_id, &url).await?;
+        let full = FilledRuns { runs, live_only };
         return print_scale(args, &machine, n, &filled, &empty, &full, &checkpoints);
     }
     let rows = args.journal_rows.unwrap_or_default();
@@ -680,10 +682,43 @@ async fn journal_at_scale(args: &BenchArgs, env: FleetEnv) -> anyhow::Result<()>
         };
         warm(args, &url).await?;
         let runs = pair(&env, &format!("journal of {rows} operations")).await?;
-        anyhow::Ok((filled, runs))
+        let live_only = live_only(args, &env.run_id, &url).await?;
+        anyhow::Ok((filled, FilledRuns { runs, live_only }))
     })
     .await?;
     print_scale(args, &machine, n, &filled, &empty, &full, &checkpoints)
+}
+
+/// The filled journal's two runs, and the scans on a journal of its live operations alone.
+struct FilledRuns {
+    runs: [FleetResult; 2],
+    live_only: LiveOnly,
+}
+
+/// The scans after `VACUUM` on a new journal holding only the filled one's live operations
+/// (copied): the same live work without the history, the like-with-like baseline for
+/// scans whose cost follows the live rows (the gauges count them; an empty journal has none).
+#[derive(Debug, serde::Serialize)]
+struct LiveOnly {
+    /// Live operations copied.
+    rows: u64,
+    /// The scans, after `steady_state` and `VACUUM (INDEX_CLEANUP ON)`, as on the others.
+    scans: Vec<scale::ScanTime>,
+}
+
+/// [`LiveOnly`] for the filled journal at `filled_url` (a scratch database, dropped after).
+async fn live_only(args: &BenchArgs, run_id: &str, filled_url: &str) -> anyhow::Result<LiveOnly> {
+    let db_name = format!("oncely_bench_{run_id}_live");
+    scratch_database(args, &db_name, false, async |_url, pool| {
+        let rows = scale::copy_live_rows(filled_url, &pool).await?;
+        eprintln!("its {rows} live operations alone, copied into {db_name}: the scans");
+        scale::steady_state(&pool).await?;
+        scale::vacuum(&pool).await?;
+        let scans = scale::sweep_times(&pool).await?;
+        pool.close().await;
+        anyhow::Ok(LiveOnly { rows, scans })
+    })
+    .await
 }
 
 /// A new, migrated database `name` on the bench's server for `f` (its URL, a pool of two
@@ -833,7 +868,7 @@ fn print_scale(
     n: usize,
     filled: &scale::Filled,
     empty: &[FleetResult; 2],
-    full: &[FleetResult; 2],
+    full: &FilledRuns,
     checkpoints: &[bool],
 ) -> anyhow::Result<()> {
     let checkpointed = checkpoints.iter().all(|c| *c);
@@ -842,7 +877,8 @@ fn print_scale(
         scale_table(args, machine, n, filled, empty, full, checkpointed)
     );
     if args.json {
-        let v = serde_json::json!({"filled": filled, "empty": empty, "full": full});
+        let v = serde_json::json!({"filled": filled, "empty": empty, "full": full.runs,
+            "live_only": full.live_only});
         println!("{}", serde_json::to_string_pretty(&v)?);
     }
     Ok(())
@@ -855,10 +891,11 @@ fn scale_table(
     n: usize,
     filled: &scale::Filled,
     empty: &[FleetResult; 2],
-    full: &[FleetResult; 2],
+    filled_runs: &FilledRuns,
     checkpointed: bool,
 ) -> String {
     use std::fmt::Write as _;
+    let full = &filled_runs.runs;
     let mut t = String::new();
     let rows = filled.operations;
     let _ = writeln!(
@@ -987,6 +1024,27 @@ fn scale_table(
             );
         }
     }
+    let live = &filled_runs.live_only;
+    for (scan, other) in live.scans.iter().zip(f.sweep_vacuumed.iter()) {
+        row(
+            format!(
+                "sweeper scan [after VACUUM, {} live rows alone]: {} (ms, median of {})",
+                live.rows,
+                scan.scan,
+                scale::REPEATS
+            ),
+            scan.median_ms,
+            other.median_ms,
+        );
+        row(
+            format!(
+                "sweeper scan [after VACUUM, {} live rows alone]: {} (buffers)",
+                live.rows, scan.scan
+            ),
+            scan.buffers as f64,
+            other.buffers as f64,
+        );
+    }
     for (when, es, fs) in sets {
         for (scan, other) in es.iter().zip(fs.iter()) {
             let _ = writeln!(
@@ -1002,7 +1060,9 @@ fn scale_table(
          Scans: EXPLAIN (ANALYZE, BUFFERS) of each sweeper scan's row selection after the paced run, rolled back; \
          [after VACUUM]: the same once `VACUUM (INDEX_CLEANUP ON) agent_operations` ({:.1} s empty, {:.1} s filled) \
          removed the dead index entries — the runs' and those the bench's own clock update (steady_state) left \
-         on the filled journal's live rows.",
+         on the filled journal's live rows. [after VACUUM, N live rows alone]: the first column is a new journal \
+         holding only the filled one's N live operations (copied), steady_state and VACUUM as on the others — the \
+         same live work without the history.",
         e.vacuum_seconds, f.vacuum_seconds
     );
     t

@@ -124,6 +124,34 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
         "the live gauges count on the live rows' indexes only: {gauges:?}"
     );
 
+    // The live rows alone (`[after VACUUM, N live rows alone]`): a new journal gets exactly
+    // the filled one's live operations, column for column, and nothing else.
+    let alone = TestDb::new().await;
+    let copied = scale::copy_live_rows(&db.url, &alone.pool)
+        .await
+        .expect("copy the live rows");
+    assert_eq!(copied, live as u64);
+    let source_live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM agent_operations WHERE status IN ('planned', 'executing', 'failed_retryable', 'unknown')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count the source's live rows");
+    let here: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT idempotency_key, status, seq FROM agent_operations ORDER BY seq")
+            .fetch_all(&alone.pool)
+            .await
+            .expect("read the copy");
+    assert_eq!(here.len() as i64, source_live);
+    let there: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT idempotency_key, status, seq FROM agent_operations \
+         WHERE status IN ('planned', 'executing', 'failed_retryable', 'unknown') ORDER BY seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("read the source");
+    assert_eq!(here, there, "the same rows, keys, states and numbers");
+
     // --warm-indexes reads every index of the operations, each as large as Postgres says.
     let warmed = scale::warm_indexes(&db.url).await.expect("warm indexes");
     let names: Vec<&str> = warmed.iter().map(|(n, _, _)| n.as_str()).collect();
@@ -187,7 +215,9 @@ async fn churned_operations_leave_dead_entries_that_only_a_full_pass_walks() {
     // and a full pass's scans read a fraction of what they read before it.
     let seconds = scale::vacuum(&db.pool).await.expect("vacuum");
     assert!(seconds.is_finite() && seconds >= 0.0);
-    let after = scale::sweep_times(&db.pool).await.expect("scans after vacuum");
+    let after = scale::sweep_times(&db.pool)
+        .await
+        .expect("scans after vacuum");
     for name in ["expired leases", "republish"] {
         let (before, after) = (by_name(name), after.iter().find(|s| s.scan == name));
         let after = after.unwrap_or_else(|| panic!("no scan {name} after vacuum: {after:?}"));
