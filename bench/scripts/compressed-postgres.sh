@@ -34,15 +34,7 @@ start)
     chown postgres:postgres "$MNT" "$MNT/data" "$WAL"
     chmod 700 "$MNT/data"
     as_pg "$BIN/initdb" -D "$MNT/data" --waldir="$WAL/wal" -U postgres -A trust >/dev/null
-    cat >>"$MNT/data/postgresql.conf" <<CONF
-port = $PORT
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '/tmp'
-shared_buffers = 128MB
-max_wal_size = 1GB
-autovacuum = off
-max_connections = 100
-CONF
+    { echo "port = $PORT"; cat "$(dirname "$0")/bench-postgres.conf"; } >>"$MNT/data/postgresql.conf"
     as_pg "$BIN/pg_ctl" -D "$MNT/data" -l "$MNT/postgres.log" -w start >/dev/null
     echo "DATABASE_URL=postgres://postgres@127.0.0.1:$PORT/postgres"
     ;;

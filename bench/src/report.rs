@@ -593,6 +593,7 @@ impl Report {
             "other",
             "iowait",
             "idle",
+            "CPU wait",
             "ms CPU/action: pg",
             "mq",
             "workers",
@@ -618,6 +619,7 @@ impl Report {
                 format!("{:.2}", c.other),
                 format!("{:.2}", c.iowait),
                 format!("{:.2}", c.idle),
+                format!("{:.0} %", c.cpu_wait * 100.0),
                 per(c.postgres),
                 per(c.rabbitmq),
                 per(c.workers),
@@ -677,6 +679,10 @@ impl Report {
             );
         }
         o.push_str(&t.render());
+        let _ = writeln!(
+            o,
+            "CPU wait: share of the run's wall time in which some runnable task waited for a CPU (/proc/pressure/cpu, \"some\")"
+        );
         o
     }
 }

@@ -145,6 +145,10 @@ pub struct CpuUse {
     pub iowait: f64,
     /// Idle CPU.
     pub idle: f64,
+    /// The share of the measurement's wall time during which at least one runnable task
+    /// waited for a CPU (`/proc/pressure/cpu`, "some"; 0–1; NaN without PSI): how much of
+    /// the latency can be queueing for the CPUs rather than work.
+    pub cpu_wait: f64,
 }
 
 impl CpuUse {
@@ -155,11 +159,24 @@ impl CpuUse {
     }
 }
 
+/// `/proc/pressure/cpu`'s "some" total: µs during which some runnable task waited for a CPU
+/// (Linux 4.20+ with pressure stall information; `None` without it).
+fn cpu_pressure_us() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/pressure/cpu").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("some "))?
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
 /// A CPU snapshot taken at the start of a measurement.
 #[derive(Debug)]
 pub struct CpuSampler {
     procs: HashMap<u32, (String, u64)>,
     totals: (u64, u64, u64, u64),
+    pressure: Option<(u64, std::time::Instant)>,
 }
 
 impl CpuSampler {
@@ -168,6 +185,7 @@ impl CpuSampler {
         CpuSampler {
             procs: all_procs(),
             totals: cpu_totals(),
+            pressure: cpu_pressure_us().map(|us| (us, std::time::Instant::now())),
         }
     }
 
@@ -198,6 +216,12 @@ impl CpuSampler {
                 mq += d;
             }
         }
+        let cpu_wait = match (self.pressure, cpu_pressure_us()) {
+            (Some((before, at)), Some(now)) => {
+                now.saturating_sub(before) as f64 / (at.elapsed().as_secs_f64() * 1e6).max(1.0)
+            }
+            _ => f64::NAN,
+        };
         let busy = totals.0.saturating_sub(self.totals.0);
         let other = busy.saturating_sub(pg + mq + wk + bench);
         CpuUse {
@@ -208,6 +232,7 @@ impl CpuSampler {
             other: cores(other),
             iowait: cores(totals.1.saturating_sub(self.totals.1)),
             idle: cores(totals.2.saturating_sub(self.totals.2)),
+            cpu_wait,
         }
     }
 }
