@@ -78,6 +78,11 @@ impl Ledger {
     pub fn count(&self, key: &str) -> u64 {
         self.effects.count(key)
     }
+
+    /// How many keys have had an effect (no copy of the ledger).
+    pub fn distinct_keys(&self) -> usize {
+        self.effects.keys.len()
+    }
 }
 
 #[cfg(test)]
@@ -95,6 +100,8 @@ mod tests {
             (e.total, e.count("a"), e.count("b"), e.count("c")),
             (3, 2, 1, 0)
         );
+        assert_eq!(l.distinct_keys(), e.keys.len());
+        assert_eq!(l.distinct_keys(), 2);
         assert_eq!(
             e.duplicates().map(|(k, _)| k).collect::<Vec<_>>(),
             vec!["a"]

@@ -140,6 +140,13 @@ impl Sandbox {
         self.state.effects()
     }
 
+    /// How many keys have had an effect: what [`Sandbox::effects`] would hold, without
+    /// copying the ledger (a poller's cheap progress check; the copy holds the ledger's
+    /// lock, and with it every provider request, for as long as it takes).
+    pub fn distinct_effect_keys(&self) -> usize {
+        self.state.distinct_effect_keys()
+    }
+
     /// Stops accepting, lets open requests finish (briefly), and waits.
     pub async fn shutdown(self) {
         self.shutdown.send_replace(true);

@@ -255,6 +255,10 @@ impl State {
         self.lock().ledger.snapshot()
     }
 
+    pub fn distinct_effect_keys(&self) -> usize {
+        self.lock().ledger.distinct_keys()
+    }
+
     pub fn effect_count(&self, key: &str) -> u64 {
         self.lock().ledger.count(key)
     }
