@@ -9,12 +9,19 @@
 //! now()) RETURNING …`; (c) `UPDATE … SET status = 'succeeded', provider id, result,
 //! lease and payload cleared WHERE key = $1 AND status = 'executing'`. The statements
 //! live in the journal ([`oncely_core::journal::article`]), the only module with SQL.
+//!
+//! And the journal floor ([`run_batched`]): oncely's own statements — the producer's
+//! record, the worker's claim and its completion — on oncely's schema, in the batches a
+//! full-load fleet sends, with no broker and no provider: what Postgres costs per action
+//! when every statement is as full as the fleet ever makes it.
 
 use super::sys::{CpuSampler, CpuUse};
 use oncely_core::Envelope;
 use oncely_core::db::{self, PoolSettings};
 use oncely_core::journal::Journal;
 use oncely_core::journal::article::{ArticleAction, ArticleTable};
+use oncely_core::journal::claim::{ClaimOutcome, ClaimRequest};
+use oncely_core::journal::complete::{Completion, Verdict};
 use oncely_core::status::Status;
 use serde::Serialize;
 use serde_json::json;
@@ -39,14 +46,9 @@ pub struct JournalResult {
 /// Which table the flow runs on.
 pub type Table = ArticleTable;
 
-/// Run it on the (fresh, migrated) database at `url`, on `table`.
-pub async fn run(
-    url: &str,
-    envelopes: &[Envelope],
-    tasks: usize,
-    table: Table,
-) -> anyhow::Result<JournalResult> {
-    let tasks = tasks.max(1);
+/// A pool of `tasks` connections on the (fresh, migrated) database at `url`, every
+/// connection opened before the clock starts.
+async fn open(url: &str, tasks: usize) -> anyhow::Result<sqlx::PgPool> {
     let pool = db::prepare(
         url,
         &PoolSettings {
@@ -56,15 +58,120 @@ pub async fn run(
         },
     )
     .await?;
-    if table == Table::Plain {
-        Journal::new(pool.clone()).create_article_table().await?;
-    }
-    // Open every connection before the clock starts.
     let mut warm = Vec::with_capacity(tasks);
     for _ in 0..tasks {
         warm.push(pool.acquire().await?);
     }
     drop(warm);
+    Ok(pool)
+}
+
+/// The journal floor: `tasks` connections, each taking the next `batch` envelopes and
+/// sending the three statements a fleet sends for them — `record_many` (the producer),
+/// `claim` (a worker's intake), `complete_batch` with a success (its commit loop) — until
+/// all are done. Every statement carries `batch` actions; the fleet's carry at most that
+/// (its records carry up to 1,000, [`crate::fleet::ENQUEUE_CHUNK`]).
+pub async fn run_batched(
+    url: &str,
+    envelopes: &[Envelope],
+    tasks: usize,
+    batch: usize,
+) -> anyhow::Result<JournalResult> {
+    let (tasks, batch) = (tasks.max(1), batch.max(1));
+    let pool = open(url, tasks).await?;
+    let chunks: Arc<Vec<Vec<Envelope>>> =
+        Arc::new(envelopes.chunks(batch).map(<[Envelope]>::to_vec).collect());
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let cpu = CpuSampler::start();
+    let started = Instant::now();
+    let mut handles = Vec::with_capacity(tasks);
+    for t in 0..tasks {
+        let (journal, chunks, next) = (Journal::new(pool.clone()), chunks.clone(), next.clone());
+        handles.push(tokio::spawn(async move {
+            let actor = format!("bench-journal-floor-{t}");
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(chunk) = chunks.get(i) else {
+                    return anyhow::Ok(());
+                };
+                journal.record_many(chunk, &actor).await?;
+                let requests: Vec<ClaimRequest<'_>> = chunk
+                    .iter()
+                    .map(|envelope| ClaimRequest {
+                        envelope,
+                        lease: Duration::from_secs(60),
+                    })
+                    .collect();
+                let mut completions = Vec::with_capacity(chunk.len());
+                for (e, outcome) in chunk.iter().zip(journal.claim(&requests, &actor).await?) {
+                    let ClaimOutcome::Claimed(claim) = outcome else {
+                        anyhow::bail!("journal floor: {} was not claimed: {outcome:?}", e.key);
+                    };
+                    let provider_id = format!("bx_{}_{}", i, completions.len());
+                    completions.push(Completion {
+                        key: claim.key,
+                        expected: Status::Executing,
+                        attempt: claim.attempt,
+                        verdict: Verdict::Succeeded {
+                            result: json!({"id": provider_id, "status": "succeeded",
+                                           "idempotency_key": e.key.as_str()}),
+                            provider_operation_id: provider_id,
+                        },
+                        reason: "provider_succeeded".into(),
+                    });
+                }
+                let applied = journal.complete_batch(&completions, &actor).await?;
+                if !applied.iter().all(|a| a.is_applied()) {
+                    anyhow::bail!("journal floor: a completion did not apply");
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await??;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu.finish(&[]);
+    let done = Journal::new(pool.clone())
+        .count_in(Status::Succeeded)
+        .await?;
+    pool.close().await;
+    checked("journal floor", done, envelopes.len(), tasks, seconds, cpu)
+}
+
+/// The result, once every one of the `actions` operations is seen `succeeded` (`done`).
+fn checked(
+    what: &str,
+    done: i64,
+    actions: usize,
+    tasks: usize,
+    seconds: f64,
+    cpu: CpuUse,
+) -> anyhow::Result<JournalResult> {
+    if usize::try_from(done).ok() != Some(actions) {
+        anyhow::bail!("{what}: {done} of {actions} operations succeeded");
+    }
+    Ok(JournalResult {
+        actions,
+        tasks,
+        seconds,
+        actions_per_s: actions as f64 / seconds,
+        cpu,
+    })
+}
+
+/// Run it on the (fresh, migrated) database at `url`, on `table`.
+pub async fn run(
+    url: &str,
+    envelopes: &[Envelope],
+    tasks: usize,
+    table: Table,
+) -> anyhow::Result<JournalResult> {
+    let tasks = tasks.max(1);
+    let pool = open(url, tasks).await?;
+    if table == Table::Plain {
+        Journal::new(pool.clone()).create_article_table().await?;
+    }
 
     let rows: Vec<ArticleAction> = envelopes
         .iter()
@@ -116,17 +223,5 @@ pub async fn run(
         Table::Plain => journal.article_succeeded().await?,
     };
     pool.close().await;
-    if done as usize != rows.len() {
-        anyhow::bail!(
-            "journal ceiling: {done} of {} operations succeeded",
-            rows.len()
-        );
-    }
-    Ok(JournalResult {
-        actions: rows.len(),
-        tasks,
-        seconds,
-        actions_per_s: rows.len() as f64 / seconds,
-        cpu,
-    })
+    checked("journal ceiling", done, rows.len(), tasks, seconds, cpu)
 }

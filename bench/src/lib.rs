@@ -240,6 +240,23 @@ pub fn database_url(server_url: &str, name: &str) -> String {
     db::database_url(server_url, name)
 }
 
+/// Run `f` on the database `name` (on the server of `server_url`; it is created fresh and
+/// migrated by `f`'s pool, as every measurement's), and drop it afterwards, whatever `f`
+/// returned; registered meanwhile so an interrupted run drops it too.
+async fn in_scratch_database<F, Fut, T>(server_url: &str, name: &str, f: F) -> anyhow::Result<T>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    sys::registry(|r| r.databases.push(name.to_owned()));
+    let result = f(database_url(server_url, name)).await;
+    if let Err(e) = drop_database(server_url, name).await {
+        eprintln!("warning: could not drop database {name}: {e}");
+    }
+    sys::registry(|r| r.databases.retain(|d| d != name));
+    result
+}
+
 /// `DROP DATABASE … WITH (FORCE)`.
 pub async fn drop_database(server_url: &str, name: &str) -> anyhow::Result<()> {
     Ok(db::drop_database(&db::database_url(server_url, name)).await?)
@@ -423,28 +440,29 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     step(
         2,
         &format!(
-            "journal ceilings: {n} actions × 3 statements, {c} connections, on oncely's schema and on the article's plain table"
+            "journal ceilings: {n} actions × 3 statements, {c} connections, on oncely's schema and on the article's plain table; then oncely's own statements, {c} actions each"
         ),
     );
+    let jdb = format!("oncely_bench_{run_id}_journal");
+    let envelopes_ref = &envelopes;
     let mut ceilings = Vec::new();
     for table in [journal::Table::Oncely, journal::Table::Plain] {
-        let jdb = format!("oncely_bench_{run_id}_journal");
-        sys::registry(|r| r.databases.push(jdb.clone()));
-        let result = journal::run(
-            &database_url(&args.database_url, &jdb),
-            &envelopes,
-            usize::from(c),
-            table,
-        )
-        .await;
-        if let Err(e) = drop_database(&args.database_url, &jdb).await {
-            eprintln!("warning: could not drop database {jdb}: {e}");
-        }
-        sys::registry(|r| r.databases.retain(|d| d != &jdb));
-        let result = result?;
+        let result = in_scratch_database(&args.database_url, &jdb, |url| async move {
+            journal::run(&url, envelopes_ref, usize::from(c), table).await
+        })
+        .await?;
         eprintln!("      {table:?}: {:.0} actions/s", result.actions_per_s);
         ceilings.push(result);
     }
+    // The journal floor: the fleet's own statements, as full as the fleet makes them.
+    let journal_batched = in_scratch_database(&args.database_url, &jdb, |url| async move {
+        journal::run_batched(&url, envelopes_ref, 2 * s.fleet, usize::from(c)).await
+    })
+    .await?;
+    eprintln!(
+        "      oncely's statements, {c} per statement: {:.0} actions/s",
+        journal_batched.actions_per_s
+    );
     let journal_plain = ceilings.pop().expect("two ceilings");
     let journal = ceilings.pop().expect("two ceilings");
 
@@ -580,6 +598,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             broker,
             journal,
             journal_plain,
+            journal_batched,
             full_load: full,
             via_gateway,
             paced,

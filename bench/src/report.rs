@@ -164,6 +164,9 @@ pub struct Report {
     pub journal: JournalResult,
     /// Journal ceiling: the article's flow on the article's plain table.
     pub journal_plain: JournalResult,
+    /// The journal floor: oncely's own record, claim and completion statements, as
+    /// batched as at full load (no broker, no provider).
+    pub journal_batched: JournalResult,
     /// oncely, full load.
     pub full_load: FleetResult,
     /// oncely, full load, enqueued over HTTP through the gateway.
@@ -197,6 +200,8 @@ pub struct Measured {
     pub journal: JournalResult,
     /// Journal ceiling on the article's plain table.
     pub journal_plain: JournalResult,
+    /// The journal floor (oncely's statements, batched).
+    pub journal_batched: JournalResult,
     /// Full load.
     pub full_load: FleetResult,
     /// Through the gateway.
@@ -313,6 +318,7 @@ impl Report {
             broker: m.broker,
             journal: m.journal,
             journal_plain: m.journal_plain,
+            journal_batched: m.journal_batched,
             full_load,
             via_gateway: m.via_gateway,
             ratio_gateway,
@@ -371,6 +377,16 @@ impl Report {
                 self.journal_plain.tasks
             ),
             format!("{} actions/s", thousands(self.journal_plain.actions_per_s)),
+        );
+        row(
+            format!(
+                "journal floor: oncely's record, claim, completion, {} per statement, {} connections",
+                w.concurrency, self.journal_batched.tasks
+            ),
+            format!(
+                "{} actions/s",
+                thousands(self.journal_batched.actions_per_s)
+            ),
         );
         row(
             format!(
@@ -641,6 +657,11 @@ impl Report {
             "journal ceiling, plain table".into(),
             &self.journal_plain.cpu,
             self.journal_plain.actions_per_s,
+        );
+        cpu_row(
+            "journal floor (batched)".into(),
+            &self.journal_batched.cpu,
+            self.journal_batched.actions_per_s,
         );
         for r in &self.paced {
             cpu_row(
