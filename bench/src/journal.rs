@@ -46,6 +46,64 @@ pub struct JournalResult {
 /// Which table the flow runs on.
 pub type Table = ArticleTable;
 
+/// What `--floor-parts` removes from the migrated schema before a journal floor run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaPart {
+    /// Nothing removed.
+    AsMigrated,
+    /// The two statement-level triggers that write the events.
+    NoEvents,
+    /// The business-identity unique index.
+    NoIdentityIndex,
+    /// The sweeper's partial indexes (planned, live states).
+    NoSweeperIndexes,
+    /// All three.
+    NoneOfThem,
+}
+
+impl SchemaPart {
+    /// Every variant, in the order they run.
+    pub const ALL: [SchemaPart; 5] = [
+        SchemaPart::AsMigrated,
+        SchemaPart::NoEvents,
+        SchemaPart::NoIdentityIndex,
+        SchemaPart::NoSweeperIndexes,
+        SchemaPart::NoneOfThem,
+    ];
+
+    /// What the table calls it.
+    pub fn label(self) -> &'static str {
+        match self {
+            SchemaPart::AsMigrated => "as migrated",
+            SchemaPart::NoEvents => "without the events triggers",
+            SchemaPart::NoIdentityIndex => "without the identity index",
+            SchemaPart::NoSweeperIndexes => "without the sweeper's two partial indexes",
+            SchemaPart::NoneOfThem => "without all three",
+        }
+    }
+
+    /// The statements that remove it from a migrated database.
+    pub fn removes(self) -> &'static [&'static str] {
+        const EVENTS: [&str; 2] = [
+            "DROP TRIGGER agent_operations_insert_events ON agent_operations",
+            "DROP TRIGGER agent_operations_update_events ON agent_operations",
+        ];
+        const IDENTITY: [&str; 1] = ["DROP INDEX agent_operations_identity_idx"];
+        const SWEEPER: [&str; 2] = [
+            "DROP INDEX agent_operations_planned_idx",
+            "DROP INDEX agent_operations_live_idx",
+        ];
+        const ALL: [&str; 5] = [EVENTS[0], EVENTS[1], IDENTITY[0], SWEEPER[0], SWEEPER[1]];
+        match self {
+            SchemaPart::AsMigrated => &[],
+            SchemaPart::NoEvents => &EVENTS,
+            SchemaPart::NoIdentityIndex => &IDENTITY,
+            SchemaPart::NoSweeperIndexes => &SWEEPER,
+            SchemaPart::NoneOfThem => &ALL,
+        }
+    }
+}
+
 /// A pool of `tasks` connections on the (fresh, migrated) database at `url`, every
 /// connection opened before the clock starts.
 async fn open(url: &str, tasks: usize) -> anyhow::Result<sqlx::PgPool> {

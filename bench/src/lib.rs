@@ -160,6 +160,14 @@ pub struct BenchArgs {
     /// With --dead-entries: the rate the operations passed at (actions/s).
     #[arg(long, value_name = "RATE", default_value_t = 1000.0)]
     pub churn_rate: f64,
+    /// Instead of the usual table: the journal floor (oncely's record, claim and
+    /// completion statements, C per statement, 2 × --fleet connections) on oncely's schema
+    /// as migrated and with parts of it removed — the events triggers, the identity index,
+    /// the sweeper's two partial indexes, all three — each on a new database, in turn,
+    /// this many rounds: what each part costs Postgres per action. A diagnostic: oncely
+    /// never runs without them.
+    #[arg(long, value_name = "ROUNDS", conflicts_with_all = ["journal_rows", "filled_journal", "dead_entries"])]
+    pub floor_parts: Option<u32>,
     /// Also print the figures as JSON (after the table).
     #[arg(long)]
     pub json: bool,
@@ -238,23 +246,6 @@ impl BenchArgs {
 /// The URL of database `name` on the server of `server_url`.
 pub fn database_url(server_url: &str, name: &str) -> String {
     db::database_url(server_url, name)
-}
-
-/// Run `f` on the database `name` (on the server of `server_url`; it is created fresh and
-/// migrated by `f`'s pool, as every measurement's), and drop it afterwards, whatever `f`
-/// returned; registered meanwhile so an interrupted run drops it too.
-async fn in_scratch_database<F, Fut, T>(server_url: &str, name: &str, f: F) -> anyhow::Result<T>
-where
-    F: FnOnce(String) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<T>>,
-{
-    sys::registry(|r| r.databases.push(name.to_owned()));
-    let result = f(database_url(server_url, name)).await;
-    if let Err(e) = drop_database(server_url, name).await {
-        eprintln!("warning: could not drop database {name}: {e}");
-    }
-    sys::registry(|r| r.databases.retain(|d| d != name));
-    result
 }
 
 /// `DROP DATABASE … WITH (FORCE)`.
@@ -352,6 +343,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if !args.dead_entries.is_empty() {
         return dead_entries(&args).await;
     }
+    if let Some(rounds) = args.floor_parts {
+        return floor_parts(&args, rounds).await;
+    }
     let s = args.settings();
     let started = chrono::Utc::now();
     let machine = sys::Machine::read();
@@ -447,7 +441,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let envelopes_ref = &envelopes;
     let mut ceilings = Vec::new();
     for table in [journal::Table::Oncely, journal::Table::Plain] {
-        let result = in_scratch_database(&args.database_url, &jdb, |url| async move {
+        let result = scratch_database(&args, &jdb, false, async |url, pool| {
+            pool.close().await;
             journal::run(&url, envelopes_ref, usize::from(c), table).await
         })
         .await?;
@@ -455,7 +450,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         ceilings.push(result);
     }
     // The journal floor: the fleet's own statements, as full as the fleet makes them.
-    let journal_batched = in_scratch_database(&args.database_url, &jdb, |url| async move {
+    let journal_batched = scratch_database(&args, &jdb, false, async |url, pool| {
+        pool.close().await;
         journal::run_batched(&url, envelopes_ref, 2 * s.fleet, usize::from(c)).await
     })
     .await?;
@@ -770,6 +766,96 @@ async fn scratch_database<T>(
     }
     sys::registry(|r| r.databases.retain(|d| d != name));
     result
+}
+
+/// `--floor-parts`: the journal floor with parts of the schema removed, in turn.
+async fn floor_parts(args: &BenchArgs, rounds: u32) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    let s = args.settings();
+    let machine = sys::Machine::read();
+    let run_id = format!("{}_{}", std::process::id(), chrono::Utc::now().timestamp());
+    let secret = KeyRing::new(format!("oncely-bench-secret-{run_id}").into_bytes())?;
+    let envelopes = Workload::natural().envelopes(s.intents, &secret)?;
+    let (tasks, batch) = (2 * s.fleet, usize::from(s.concurrency));
+    let mut runs: Vec<(journal::SchemaPart, journal::JournalResult)> = Vec::new();
+    for round in 1..=rounds.max(1) {
+        for part in journal::SchemaPart::ALL {
+            let name = format!("oncely_bench_{run_id}_floor");
+            let result = scratch_database(args, &name, false, async |url, pool| {
+                for statement in part.removes() {
+                    sqlx::raw_sql(*statement).execute(&pool).await?;
+                }
+                pool.close().await;
+                journal::run_batched(&url, &envelopes, tasks, batch).await
+            })
+            .await?;
+            eprintln!(
+                "[{round}/{rounds}] {}: {:.0} actions/s, Postgres {:.3} ms per action",
+                part.label(),
+                result.actions_per_s,
+                result.cpu.postgres * 1000.0 / result.actions_per_s
+            );
+            runs.push((part, result));
+        }
+    }
+    let mut t = String::new();
+    writeln!(t, "oncely-bench — the journal floor by schema part")?;
+    writeln!(
+        t,
+        "command:  {}",
+        std::env::args().collect::<Vec<_>>().join(" ")
+    )?;
+    writeln!(t, "machine:  {}", machine.describe())?;
+    writeln!(
+        t,
+        "workload: {} operations per run, {batch} per statement, {tasks} connections, {rounds} rounds (the parts in turn)\n",
+        s.intents
+    )?;
+    writeln!(
+        t,
+        "{:<44} {:>22} {:>28} {:>16}",
+        "schema", "Postgres ms/action", "median − as migrated (ms)", "actions/s"
+    )?;
+    let per = |r: &journal::JournalResult| r.cpu.postgres * 1000.0 / r.actions_per_s;
+    let median = |part: journal::SchemaPart| {
+        let mut v: Vec<f64> = runs
+            .iter()
+            .filter(|(p, _)| *p == part)
+            .map(|(_, r)| per(r))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let base = median(journal::SchemaPart::AsMigrated);
+    for part in journal::SchemaPart::ALL {
+        let figures: Vec<String> = runs
+            .iter()
+            .filter(|(p, _)| *p == part)
+            .map(|(_, r)| format!("{:.3}", per(r)))
+            .collect();
+        let rates: Vec<String> = runs
+            .iter()
+            .filter(|(p, _)| *p == part)
+            .map(|(_, r)| format!("{:.0}", r.actions_per_s))
+            .collect();
+        writeln!(
+            t,
+            "{:<44} {:>22} {:>28} {:>16}",
+            part.label(),
+            figures.join(" "),
+            format!("{:.3}", median(part) - base),
+            rates.join(" ")
+        )?;
+    }
+    print!("{t}");
+    if args.json {
+        let json: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|(p, r)| serde_json::json!({"schema": p.label(), "result": r}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    }
+    Ok(())
 }
 
 /// `--dead-entries`: the sweeper's scans against the dead index entries of N completed
