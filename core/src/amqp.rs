@@ -18,6 +18,14 @@
 //! the cluster), each with [`CONNECT_TIMEOUT`]; the error when none answers names every
 //! node tried and why. Queues are quorum queues replicated on every node, so any node
 //! serves them.
+//!
+//! The largest AMQP frame is [`DEFAULT_FRAME_MAX`] unless the URL asks for another
+//! (`?frame_max=N`). Why not RabbitMQ's 128 KiB: lapin 4.12 keeps a send and a receive
+//! buffer of 32 frames each per connection and fills them with zeros when the connection
+//! opens, so 128 KiB frames cost every process 8 MiB of memory (a quarter of a worker's
+//! heap at 1,000 calls in flight, heaptrack, docs/performance.md); 16 KiB frames cost
+//! 1 MiB. A message larger than a frame travels as several body frames — envelopes are
+//! about 500 bytes, at most `max_message_bytes` (256 KiB by default, 16 frames).
 
 use crate::config::{BrokerConfig, ConfigError};
 use crate::tls::{self, TlsFailure};
@@ -33,6 +41,10 @@ use std::time::Duration;
 /// before the next is tried: a node that is down but not refusing (a dropped route) must
 /// not stall a failover for the kernel's TCP timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The largest AMQP frame oncely asks for when the URL does not say (`?frame_max=N`,
+/// 4096 at least; the broker's own limit wins when lower): see the module docs.
+pub const DEFAULT_FRAME_MAX: u32 = 16 * 1024;
 
 /// How long a stopping process waits for the broker's answer to each of its closing
 /// steps (a consumer's `basic.cancel`, the connection's `connection.close`).
@@ -177,7 +189,7 @@ impl AmqpConnector {
         let urls = broker.node_urls();
         let mut nodes = Vec::with_capacity(urls.len());
         for (i, url) in urls.iter().enumerate() {
-            let uri: AMQPUri = url.parse().map_err(|e: String| {
+            let mut uri: AMQPUri = url.parse().map_err(|e: String| {
                 let which = if urls.len() > 1 {
                     format!("URL {} is ", i + 1)
                 } else {
@@ -185,6 +197,7 @@ impl AmqpConnector {
                 };
                 field_error(field, format!("{which}not an AMQP URL: {e}"))
             })?;
+            uri.query.frame_max.get_or_insert(DEFAULT_FRAME_MAX);
             nodes.push(Node {
                 uri,
                 target: describe_amqp(url),
@@ -373,6 +386,22 @@ mod tests {
             tls,
             ..BrokerConfig::default()
         }
+    }
+
+    #[test]
+    fn frames_are_16_kib_unless_the_url_names_a_size() {
+        let frame_max = |url: &str| {
+            let c = AmqpConnector::new(&broker(url, BrokerTls::default())).expect(url);
+            c.nodes[0].uri.query.frame_max
+        };
+        assert_eq!(
+            frame_max("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            Some(DEFAULT_FRAME_MAX)
+        );
+        assert_eq!(
+            frame_max("amqp://guest:guest@127.0.0.1:5672/%2f?frame_max=131072&heartbeat=10"),
+            Some(131_072)
+        );
     }
 
     #[test]

@@ -323,3 +323,48 @@ async fn an_action_type_with_outcome_events_off_publishes_none() {
     assert_eq!(routing_key, "ticket.create.succeeded");
     assert_eq!(event["idempotency_key"], ticket.key.as_str());
 }
+
+/// oncely asks RabbitMQ for 16 KiB frames unless the URL names a size (lapin keeps 64
+/// frames of buffer per connection: 1 MiB instead of 8 with the broker's 128 KiB), and an
+/// intent of ~200 kB — a body split over a dozen frames — goes through an SDK producer
+/// and a worker intact and executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_are_16_kib_unless_the_url_says_and_a_larger_intent_executes_once() {
+    use oncely_core::amqp::DEFAULT_FRAME_MAX;
+    let fleet = Fleet::new().await;
+    let conn = oncely_core::topology::connect(&fleet.config.broker, "oncely-test-frames")
+        .await
+        .expect("connect");
+    assert_eq!(DEFAULT_FRAME_MAX, 16 * 1024);
+    assert_eq!(conn.configuration().frame_max(), DEFAULT_FRAME_MAX);
+    let mut asked = fleet.config.broker.clone();
+    asked.url = format!("{}?frame_max=65536", asked.url);
+    let conn64 = oncely_core::topology::connect(&asked, "oncely-test-frames")
+        .await
+        .expect("connect with frame_max in the URL");
+    assert_eq!(conn64.configuration().frame_max(), 65536);
+
+    let _w = fleet.worker();
+    let body = "Approved. ".repeat(20_000);
+    let big = Intent::from_json(json!({
+        "action_type": "email.send", "workflow_id": "case-big", "step": "step",
+        "business_object": "obj-big", "revision": 1,
+        "payload": {"to": "big@example.test", "subject": "Your application", "body": body}
+    }))
+    .expect("intent");
+    let producer = fleet.producer().await;
+    let enqueued = producer.enqueue(big.clone()).await.expect("enqueue");
+    assert!(matches!(
+        enqueued,
+        oncely_producer::Enqueued::Enqueued { .. }
+    ));
+    let key = big.seal(&secret()).expect("seal").key;
+    eventually("the large intent to succeed", DEADLINE, || async {
+        fleet
+            .op(&key)
+            .await
+            .filter(|op| op.status == oncely_core::Status::Succeeded)
+    })
+    .await;
+    assert_eq!(fleet.sandbox.effects().count(key.as_str()), 1);
+}
