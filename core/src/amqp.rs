@@ -25,7 +25,7 @@
 //! opens, so 128 KiB frames cost every process 8 MiB of memory (a quarter of a worker's
 //! heap at 1,000 calls in flight, heaptrack, docs/performance.md); 16 KiB frames cost
 //! 1 MiB. A message larger than a frame travels as several body frames — envelopes are
-//! about 500 bytes, at most `max_message_bytes` (256 KiB by default, 16 frames).
+//! about 500 bytes, at most `max_message_bytes` (256 KiB by default: 17 body frames).
 
 use crate::config::{BrokerConfig, ConfigError};
 use crate::tls::{self, TlsFailure};
