@@ -25,6 +25,9 @@ pub const PROVIDER_CALL_SECONDS: &str = "oncely_provider_call_seconds";
 pub const PROVIDER_REFUSALS: &str = "oncely_provider_refusals_total";
 /// Deliveries per claim statement.
 pub const CLAIM_BATCH_SIZE: &str = "oncely_claim_batch_size";
+/// Deliveries settled per ack frame (a `multiple` ack settles a run of them; `_count` =
+/// ack frames, `_sum` = deliveries acked).
+pub const ACK_BATCH_SIZE: &str = "oncely_ack_batch_size";
 /// Intents per record statement (producers, the gateway: requests recorded together).
 pub const RECORD_BATCH_SIZE: &str = "oncely_record_batch_size";
 /// Journal statement latency (seconds), by `statement`.
@@ -77,7 +80,7 @@ fn builder() -> Result<PrometheusBuilder, String> {
     PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
         .and_then(|b| {
-            // oncely_claim_batch_size, oncely_record_batch_size.
+            // oncely_claim_batch_size, oncely_ack_batch_size, oncely_record_batch_size.
             b.set_buckets_for_metric(Matcher::Suffix("_batch_size".into()), BATCH_BUCKETS)
         })
         .map_err(|e| e.to_string())

@@ -368,3 +368,81 @@ async fn frames_are_16_kib_unless_the_url_says_and_a_larger_intent_executes_once
     .await;
     assert_eq!(fleet.sandbox.effects().count(key.as_str()), 1);
 }
+
+/// The acks of a committed batch travel as `multiple` acks where nothing below them is
+/// still held, and singly above a call still in flight. With a third of the calls slowed
+/// by 300 ms (so calls finish out of order and `multiple` acks must stop below them),
+/// every delivery is acked exactly once: the queue ends with nothing ready or unacked, the
+/// worker saw no delivery twice (an ack covering a delivery it must not, or naming a
+/// settled tag, closes the channel and redelivers: `duplicate` verdicts), no ack was
+/// refused, and fewer ack frames than deliveries were written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_travel_in_runs_and_calls_finishing_out_of_order_are_acked_once() {
+    let fleet = Fleet::new().await;
+    fleet
+        .sandbox
+        .control()
+        .set_faults_json(
+            &json!({"seed": 7, "rules": [{"mode": "latency", "rate": 0.3, "latency_ms": 300}]}),
+        )
+        .await
+        .expect("faults");
+    let port = oncely_tests::free_port();
+    let worker = fleet.spawn(&["run", "--metrics-addr", &format!("127.0.0.1:{port}")]);
+    let producer = fleet.producer().await;
+    let n = 400;
+    for i in 0..n {
+        producer
+            .enqueue(intent("email.send", i))
+            .await
+            .expect("enqueue");
+    }
+    wait_all_succeeded(&fleet, n as i64).await;
+    let q = fleet.topology().action_queue("email.send");
+    eventually(
+        "the queue drained and every delivery acked",
+        DEADLINE,
+        || async { (fleet.depth(&q) == (0, 0)).then_some(()) },
+    )
+    .await;
+    let effects = fleet.sandbox.effects();
+    assert_eq!(effects.total, n as u64, "one effect per key");
+    assert_eq!(effects.duplicates().count(), 0);
+
+    let text = oncely_tests::http_get(port, "/metrics")
+        .await
+        .expect("worker metrics");
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in the worker's metrics"))
+    };
+    let frames = value("oncely_ack_batch_size_count");
+    let acked = value("oncely_ack_batch_size_sum");
+    assert_eq!(
+        acked, n as f64,
+        "every delivery acked once, through the ledger"
+    );
+    assert!(
+        frames < acked,
+        "acks batched: {frames} frames for {acked} deliveries"
+    );
+    // Series start at 0: every verdict but `claimed` must still be there.
+    let others: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("oncely_deliveries_total{"))
+        .filter(|l| !l.contains("verdict=\"claimed\"") && !l.ends_with(" 0"))
+        .collect();
+    assert!(
+        others.is_empty(),
+        "every delivery claimed on its first delivery, none redelivered: {others:?}"
+    );
+    assert_eq!(
+        value("oncely_deliveries_total{action_type=\"email.send\",verdict=\"claimed\"}"),
+        n as f64
+    );
+    let logs = worker.logs();
+    assert!(!logs.contains("ack refused"), "{logs}");
+    assert!(!logs.contains("ack failed"), "{logs}");
+}

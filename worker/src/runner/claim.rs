@@ -6,6 +6,7 @@
 //! (journal unavailable past the retry budget) goes back to the queue whole; deliveries
 //! that were not claimed are settled without calling anyone (see `effects`).
 
+use super::acks::{Acks, Refuse};
 use super::commit::Finished;
 use super::effects;
 use super::intake::Valid;
@@ -24,6 +25,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 pub(super) async fn claim_and_dispatch(
     ctx: &Context,
     publisher: &Publisher,
+    acks: &Acks,
     valid: Vec<Valid>,
     sem: &Arc<Semaphore>,
     commit_tx: &mpsc::Sender<Finished>,
@@ -43,7 +45,8 @@ pub(super) async fn claim_and_dispatch(
         Err(e) => {
             tracing::error!(error = %e, n = valid.len(), "claim failed; deliveries go back to the queue");
             for v in &valid {
-                effects::requeue(&v.inc.delivery).await;
+                acks.refuse(&v.inc.action, &v.inc.delivery, Refuse::Requeue)
+                    .await;
             }
             return;
         }
@@ -55,9 +58,12 @@ pub(super) async fn claim_and_dispatch(
                 dispatch(ctx, v, claim, permits.split(1), started, commit_tx);
             }
             ClaimOutcome::NotClaimed { why, op } => {
-                effects::not_claimed(ctx, publisher, v, decide::disposition(why), &op).await
+                effects::not_claimed(ctx, publisher, acks, v, decide::disposition(why), &op).await
             }
-            ClaimOutcome::Undecided => effects::requeue(&v.inc.delivery).await,
+            ClaimOutcome::Undecided => {
+                acks.refuse(&v.inc.action, &v.inc.delivery, Refuse::Requeue)
+                    .await
+            }
         }
     }
 }
@@ -160,7 +166,7 @@ async fn call(ctx: &Context, v: Valid, claim: Claim, claimed_at: Instant) -> Fin
     };
     Finished {
         verdict: decide::verdict(outcome, claim.attempt, policy),
-        delivery: inc.delivery,
+        inc,
         attempt: claim.attempt,
         env,
     }

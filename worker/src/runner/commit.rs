@@ -8,22 +8,23 @@
 //! ack, the lease expires into `unknown`, the reconciler asks the provider) — never
 //! dropped to hold prefetch slots until the channel dies.
 
+use super::acks::{Acks, Refuse};
 use super::effects;
-use super::intake;
+use super::intake::{self, Incoming};
 use crate::context::Context;
 use crate::outcome;
 use crate::retry;
-use lapin::message::Delivery;
 use oncely_core::journal::{Completion, Verdict};
 use oncely_core::metrics as m;
 use oncely_core::publish::Publisher;
 use oncely_core::{Envelope, Status};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// A provider call that finished and waits for its commit.
 pub(super) struct Finished {
-    pub delivery: Delivery,
+    pub inc: Incoming,
     pub env: Envelope,
     pub attempt: i32,
     pub verdict: Verdict,
@@ -47,6 +48,7 @@ impl Finished {
 pub(super) async fn commit_loop(
     ctx: Context,
     publisher: Publisher,
+    acks: Arc<Acks>,
     mut rx: mpsc::Receiver<Finished>,
 ) {
     let max = ctx.config.worker.batch.max(1);
@@ -60,14 +62,16 @@ pub(super) async fn commit_loop(
     let linger = ctx.config.worker.linger;
     while let Some(first) = rx.recv().await {
         let batch = intake::fill_batch(&mut rx, first, max, linger).await;
-        commit_batch(&ctx, &publisher, batch, give_up).await;
+        commit_batch(&ctx, &publisher, &acks, batch, give_up).await;
     }
 }
 
-/// One statement for the batch, then settle each delivery; outcomes flushed together.
+/// One statement for the batch, then settle each delivery, ack them together (one
+/// `multiple` ack per channel where the tags allow), and flush the outcomes.
 async fn commit_batch(
     ctx: &Context,
     publisher: &Publisher,
+    acks: &Acks,
     batch: Vec<Finished>,
     give_up: Duration,
 ) {
@@ -82,7 +86,8 @@ async fn commit_batch(
         Err(e) => {
             tracing::error!(error = %e, n = batch.len(), "cannot commit outcomes; handing the deliveries back to the queue (leases expire into unknown, then reconciliation)");
             for f in &batch {
-                effects::requeue(&f.delivery).await;
+                acks.refuse(&f.inc.action, &f.inc.delivery, Refuse::Requeue)
+                    .await;
             }
             return;
         }
@@ -94,6 +99,11 @@ async fn commit_batch(
     for (f, applied) in batch.iter().zip(applied) {
         pending.extend(effects::settle(ctx, publisher, f, applied).await);
     }
+    let delivered: Vec<_> = batch
+        .iter()
+        .map(|f| (&f.inc.action, &f.inc.delivery))
+        .collect();
+    acks.ack_all(&delivered).await;
     outcome::flush(pending).await;
 }
 

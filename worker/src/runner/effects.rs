@@ -2,57 +2,32 @@
 //! dead-letter, the conflict notice, the hand-off of an `unknown` to the reconcile
 //! queue, outcome events.
 //!
-//! Why together: these are the only places a delivery is settled, so the rules "ack only
-//! after the journal says so" and "never drop a delivery unsettled" can be read in one
-//! file. The journal writes that decide *what* to do happen before these are called
-//! (claim, commit); the conflict record is the one journal write made here, because it
-//! is part of refusing a message, not of executing one.
+//! Why together: these are the only places a delivery's fate is decided, so the rules
+//! "ack only after the journal says so" and "never drop a delivery unsettled" can be
+//! read in one file (the frames themselves go through the session's ack ledger,
+//! `acks`; a committed batch is acked there at once, by the commit loop). The journal
+//! writes that decide *what* to do happen before these are called (claim, commit); the
+//! conflict record is the one journal write made here, because it is part of refusing a
+//! message, not of executing one.
 
+use super::acks::{Acks, Refuse};
 use super::commit::Finished;
 use super::intake::{Incoming, Valid};
 use crate::context::Context;
 use crate::decide::Disposition;
 use crate::outcome::{self, OutcomeEvent};
 use crate::reconcile_request::ReconcileRequest;
-use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use oncely_core::Status;
 use oncely_core::journal::{Applied, Operation};
 use oncely_core::metrics as m;
 use oncely_core::publish::{Pending, PublishOptions, Publisher};
 use oncely_core::topology::{REJECT_DETAIL_HEADER, REJECT_REASON_HEADER};
 
-/// Ack, checking the broker's answer (a refused ack means the delivery was already
-/// settled or its channel is gone: RabbitMQ redelivers and the journal dedupes).
-pub(super) async fn ack(d: &Delivery) {
-    match d.acker.ack(BasicAckOptions::default()).await {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(
-            tag = d.delivery_tag,
-            "ack refused: the delivery was already settled or its channel is gone"
-        ),
-        Err(e) => {
-            tracing::warn!(tag = d.delivery_tag, error = %e, "ack failed; RabbitMQ will redeliver and the journal will dedupe")
-        }
-    }
-}
-
-/// Hand a delivery back to its queue (nack with requeue): safe whenever the journal
-/// decides again on redelivery, which the claim always does.
-pub(super) async fn requeue(d: &Delivery) {
-    let _ = d
-        .acker
-        .nack(BasicNackOptions {
-            requeue: true,
-            multiple: false,
-        })
-        .await;
-}
-
 /// A delivery that was not claimed: settle it as the journal's row decides.
 pub(super) async fn not_claimed(
     ctx: &Context,
     publisher: &Publisher,
+    acks: &Acks,
     v: Valid,
     disposition: Disposition,
     op: &Operation,
@@ -63,19 +38,20 @@ pub(super) async fn not_claimed(
             metrics::counter!(m::DELIVERIES, "action_type" => action, "verdict" => verdict)
                 .increment(1);
             tracing::debug!(key = %v.env.key, status = %op.status, verdict, "not claimed; acked without a provider call");
-            ack(&v.inc.delivery).await;
+            acks.ack(&v.inc.action, &v.inc.delivery).await;
         }
         Disposition::Requeue => {
             metrics::counter!(m::DELIVERIES, "action_type" => action, "verdict" => "requeued")
                 .increment(1);
-            requeue(&v.inc.delivery).await;
+            acks.refuse(&v.inc.action, &v.inc.delivery, Refuse::Requeue)
+                .await;
         }
-        Disposition::Conflict => conflict(ctx, publisher, v, op).await,
+        Disposition::Conflict => conflict(ctx, publisher, acks, v, op).await,
     }
 }
 
 /// Same key, another payload or action type: record the refusal, tell the agents, ack.
-async fn conflict(ctx: &Context, publisher: &Publisher, v: Valid, op: &Operation) {
+async fn conflict(ctx: &Context, publisher: &Publisher, acks: &Acks, v: Valid, op: &Operation) {
     metrics::counter!(m::DELIVERIES, "action_type" => v.inc.action.to_string(), "verdict" => "conflict").increment(1);
     tracing::warn!(key = %v.env.key, action_type = %v.inc.action, "conflicting payload for an existing key refused");
     if let Err(e) = ctx
@@ -87,7 +63,7 @@ async fn conflict(ctx: &Context, publisher: &Publisher, v: Valid, op: &Operation
     }
     let ev = OutcomeEvent::conflict(&v.env, op.attempt_count);
     outcome::publish_one(publisher, &ctx.config, &ctx.topology, &ev).await;
-    ack(&v.inc.delivery).await;
+    acks.ack(&v.inc.action, &v.inc.delivery).await;
 }
 
 /// What follows a commit, decided from the verdict's status and what the row did.
@@ -122,8 +98,8 @@ fn after_commit(status: Status, applied: Applied) -> AfterCommit {
     }
 }
 
-/// Settle a committed call: metrics, hand-off, outcome event (returned unconfirmed, to
-/// flush with the batch), then ack.
+/// Everything a committed call needs before its ack: metrics, hand-off, outcome event
+/// (returned unconfirmed, to flush with the batch). The caller acks the batch at once.
 pub(super) async fn settle(
     ctx: &Context,
     publisher: &Publisher,
@@ -139,7 +115,6 @@ pub(super) async fn settle(
     } = after_commit(status, applied)
     else {
         tracing::warn!(key = %f.env.key, attempt = f.attempt, "completion refused: the operation moved on (stale attempt)");
-        ack(&f.delivery).await;
         return None;
     };
     let action = f.env.intent.identity.action_type.as_str();
@@ -153,14 +128,12 @@ pub(super) async fn settle(
     if reconcile {
         hand_to_reconcile(ctx, publisher, f).await;
     }
-    let pending = if outcome {
+    if outcome {
         let ev = OutcomeEvent::for_envelope(&f.env, f.attempt, &f.verdict);
         outcome::publish(publisher, &ctx.config, &ctx.topology, &ev).await
     } else {
         None
-    };
-    ack(&f.delivery).await;
-    pending
+    }
 }
 
 /// Publish the key of an `unknown` (already written) to the reconcile queue.
@@ -185,6 +158,7 @@ async fn hand_to_reconcile(ctx: &Context, publisher: &Publisher, f: &Finished) {
 pub(super) async fn dead_letter(
     ctx: &Context,
     publisher: &Publisher,
+    acks: &Acks,
     inc: Incoming,
     reason: &str,
     detail: &str,
@@ -210,14 +184,11 @@ pub(super) async fn dead_letter(
         Ok(()) => {
             metrics::counter!(m::PUBLISHES, "kind" => "dead_letter", "result" => "confirmed")
                 .increment(1);
-            ack(&inc.delivery).await;
+            acks.ack(&inc.action, &inc.delivery).await;
         }
         Err(e) => {
             tracing::warn!(error = %e, "dead-letter publish failed; rejecting to the queue's DLX");
-            let _ = inc
-                .delivery
-                .acker
-                .reject(BasicRejectOptions { requeue: false })
+            acks.refuse(&inc.action, &inc.delivery, Refuse::DeadLetter)
                 .await;
         }
     }

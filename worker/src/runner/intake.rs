@@ -6,6 +6,7 @@
 //! never be executed, so it goes to the dead-letter queue with a reason (and is never
 //! retried), instead of taking a lease or a provider call slot.
 
+use super::acks::{Acks, Refuse};
 use super::effects;
 use crate::broker::Session;
 use crate::context::Context;
@@ -45,6 +46,7 @@ pub(super) struct Consumers(Vec<(Channel, String)>);
 pub(super) async fn consume(
     ctx: &Context,
     broker: &Session,
+    acks: &Arc<Acks>,
 ) -> anyhow::Result<(Consumers, mpsc::Receiver<Incoming>)> {
     let prefetch = ctx.config.worker.prefetch;
     let (tx, rx) = mpsc::channel(usize::from(prefetch) * ctx.config.actions.len().max(1));
@@ -53,18 +55,25 @@ pub(super) async fn consume(
         let tag = format!("{}#{action}", ctx.owner);
         let queue = ctx.topology.action_queue(action);
         let (ch, consumer) = broker.consume(&queue, &tag, prefetch).await?;
-        tokio::spawn(forward(consumer, action.into(), tx.clone()));
+        tokio::spawn(forward(consumer, action.into(), acks.clone(), tx.clone()));
         consumers.push((ch, tag));
     }
     tracing::info!(owner = %ctx.owner, queues = consumers.len(), "worker consuming");
     Ok((Consumers(consumers), rx))
 }
 
-/// Forward one queue's deliveries until the consumer or the stream ends.
-async fn forward(mut consumer: Consumer, action: Arc<str>, tx: mpsc::Sender<Incoming>) {
+/// Forward one queue's deliveries until the consumer or the stream ends; each is held
+/// in the ledger before it is handed on (in tag order, which `multiple` acks rely on).
+async fn forward(
+    mut consumer: Consumer,
+    action: Arc<str>,
+    acks: Arc<Acks>,
+    tx: mpsc::Sender<Incoming>,
+) {
     while let Some(d) = consumer.next().await {
         match d {
             Ok(delivery) => {
+                acks.hold(&action, delivery.delivery_tag);
                 let inc = Incoming {
                     action: action.clone(),
                     delivery,
@@ -123,6 +132,7 @@ fn take_buffered<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, max: usize) 
 pub(super) async fn validate(
     ctx: &Context,
     publisher: &Publisher,
+    acks: &Acks,
     batch: Vec<Incoming>,
 ) -> Vec<Valid> {
     let max_bytes = ctx.config.worker.max_message_bytes;
@@ -138,7 +148,9 @@ pub(super) async fn validate(
         );
         match checked {
             Ok(env) => valid.push(Valid { inc, env }),
-            Err(why) => effects::dead_letter(ctx, publisher, inc, why.reason, &why.detail).await,
+            Err(why) => {
+                effects::dead_letter(ctx, publisher, acks, inc, why.reason, &why.detail).await
+            }
         }
     }
     valid
@@ -173,7 +185,7 @@ fn check(
 }
 
 /// Cancel the consumers and hand every buffered delivery back to its queue.
-pub(super) async fn stop(consumers: Consumers, mut rx: mpsc::Receiver<Incoming>) {
+pub(super) async fn stop(consumers: Consumers, acks: &Acks, mut rx: mpsc::Receiver<Incoming>) {
     for (ch, tag) in &consumers.0 {
         let cancelled = ch
             .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
@@ -183,7 +195,8 @@ pub(super) async fn stop(consumers: Consumers, mut rx: mpsc::Receiver<Incoming>)
     rx.close();
     let mut requeued = 0usize;
     while let Some(inc) = rx.recv().await {
-        effects::requeue(&inc.delivery).await;
+        acks.refuse(&inc.action, &inc.delivery, Refuse::Requeue)
+            .await;
         requeued += 1;
     }
     tracing::debug!(requeued, "buffered deliveries handed back");

@@ -5,9 +5,12 @@
 //!    ├─ invalid ─▶ dead-letter with a reason header, ack
 //!    ├─ not claimed ─▶ decide from the journal (ack / conflict / requeue), nobody called
 //!    └─ claimed ─▶ provider call (≤ max_in_flight) ─▶ commit loop: CAS (1 statement per
-//!                  batch) ─▶ outcome events, unknown → reconcile queue ─▶ ack
+//!                  batch) ─▶ outcome events, unknown → reconcile queue ─▶ ack (one
+//!                  `multiple` ack per channel for the batch where the tags allow)
 //! ```
-//! Acks come only after the commit, and each ack's `bool` is checked. A session ends
+//! Acks come only after the commit, and each ack's `bool` is checked. Every settlement
+//! goes through the session's ack ledger (`acks`), which knows which deliveries one
+//! `multiple` ack may cover. A session ends
 //! when the connection does; [`run`] supervises sessions and rebuilds them with backoff
 //! until shutdown, so a broker restart is survived. Deliveries of a dead session are
 //! never acked on a new one (their ackers belong to the old channel): RabbitMQ
@@ -19,13 +22,16 @@
 //! give up after [`oncely_core::amqp::STOP_TIMEOUT`] each.
 //!
 //! # Layout
-//! One file per step of a delivery's life:
+//! One file per step of a delivery's life, and the ledger they settle through:
 //! - `intake`: consumers to one stream, batches, decode and validate.
 //! - `claim`: the batch claim and the provider calls it dispatches.
 //! - `commit`: the compare-and-set commit of finished calls (on time, late or stale).
 //! - `effects`: what the broker sees: ack, requeue, dead-letter, conflict, hand-off to
 //!   the reconcile queue, outcome events.
+//! - `acks`: the held deliveries per channel; acks (batched into `multiple` acks where
+//!   that settles nothing else), nacks and rejects, written one at a time.
 
+mod acks;
 mod claim;
 mod commit;
 mod effects;
@@ -48,7 +54,8 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> anyhow::Result<()> {
 /// One connection's life. `Ok` on shutdown, `Err` when the connection is lost.
 async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
     let broker = Session::open(ctx).await?;
-    let (consumers, mut rx) = intake::consume(ctx, &broker).await?;
+    let acks = Arc::new(acks::Acks::default());
+    let (consumers, mut rx) = intake::consume(ctx, &broker, &acks).await?;
     let w = &ctx.config.worker;
     let batch_max = w.batch.min(w.max_in_flight).max(1);
     let sem = Arc::new(Semaphore::new(w.max_in_flight));
@@ -57,6 +64,7 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
     let committer = tokio::spawn(commit::commit_loop(
         ctx.clone(),
         publisher.clone(),
+        acks.clone(),
         commit_rx,
     ));
     let lost = loop {
@@ -66,8 +74,8 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
             first = rx.recv() => {
                 let Some(first) = first else { break true };
                 let batch = intake::fill_batch(&mut rx, first, batch_max, w.linger).await;
-                let valid = intake::validate(ctx, &publisher, batch).await;
-                claim::claim_and_dispatch(ctx, &publisher, valid, &sem, &commit_tx).await;
+                let valid = intake::validate(ctx, &publisher, &acks, batch).await;
+                claim::claim_and_dispatch(ctx, &publisher, &acks, valid, &sem, &commit_tx).await;
             }
         }
     };
@@ -76,7 +84,7 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
     // answering must not keep the worker from stopping. Deliveries not handed back are
     // redelivered when the connection ends.
     tracing::debug!(lost, "worker session ending: stopping intake");
-    if tokio::time::timeout(STOP_TIMEOUT, intake::stop(consumers, rx))
+    if tokio::time::timeout(STOP_TIMEOUT, intake::stop(consumers, &acks, rx))
         .await
         .is_err()
     {
