@@ -1,8 +1,10 @@
 //! The broker ceiling: bare publish-with-confirms and consume-with-ack through one
-//! quorum queue — the same bodies, the same prefetch, no journal, no provider.
+//! quorum queue — the same bodies, the same prefetch, no journal, no provider. The
+//! consumer acks what has arrived with one `multiple` ack, as a worker acks a committed
+//! batch (docs/performance.md, "Acks in runs").
 
 use super::sys::{self, CpuSampler, CpuUse};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use oncely_core::config::BrokerConfig;
@@ -97,11 +99,26 @@ async fn measure(
         let mut acked = 0usize;
         while acked < n {
             match tokio::time::timeout(Duration::from_secs(60), consumer.next()).await {
-                Ok(Some(Ok(d))) => {
-                    if !d.acker.ack(BasicAckOptions::default()).await? {
+                Ok(Some(Ok(mut d))) => {
+                    // What else has already arrived is acked with the last of it, in one
+                    // `multiple` ack (every delivery below is being acked: nothing is
+                    // held back on this channel).
+                    let mut got = 1;
+                    while acked + got < n {
+                        match consumer.next().now_or_never() {
+                            Some(Some(Ok(next))) => {
+                                d = next;
+                                got += 1;
+                            }
+                            Some(Some(Err(e))) => return Err(e.into()),
+                            Some(None) | None => break,
+                        }
+                    }
+                    let ack = BasicAckOptions { multiple: got > 1 };
+                    if !d.acker.ack(ack).await? {
                         anyhow::bail!("an ack was refused by the channel");
                     }
-                    acked += 1;
+                    acked += got;
                 }
                 Ok(Some(Err(e))) => return Err(e.into()),
                 Ok(None) => anyhow::bail!("the consumer was cancelled after {acked} messages"),

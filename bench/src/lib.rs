@@ -2,7 +2,8 @@
 //! on, measured in one run on one machine, printed as a table (see `docs/performance.md`).
 //!
 //! 1. **Broker ceiling** ([`broker`]): publish with confirms (windows of 1000) and
-//!    consume with acks through one quorum queue; same bodies, same prefetch.
+//!    consume with acks (what has arrived acked in one `multiple` ack, as a worker acks a
+//!    committed batch) through one quorum queue; same bodies, same prefetch.
 //! 2. **Journal ceiling** ([`journal`]): the article's three autocommit statements per
 //!    action on oncely's real schema, from C concurrent connections.
 //! 3. **oncely end to end** ([`fleet`]): real `oncely-worker run` processes, the
@@ -42,7 +43,7 @@ use std::path::PathBuf;
     version,
     about = "Benchmark oncely against its two ceilings (RabbitMQ alone, the article's journal flow alone), in one run.",
     long_about = "Benchmark oncely against its two ceilings, in one run on this machine, and print one table.\n\n\
-1. broker ceiling: publish with confirms + consume with acks through a quorum queue (no journal, no provider);\n\
+1. broker ceiling: publish with confirms + consume with acks in runs through a quorum queue (no journal, no provider);\n\
 2. journal ceiling: the article's three statements per action (insert planned, claim, complete) on oncely's schema;\n\
 3. oncely end to end: real `oncely-worker run` processes (found next to this binary), the in-process sandbox and the\n\
    producer SDK, at full load and at half load, then the scaling runs (workers, sandbox latency).\n\n\

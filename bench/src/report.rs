@@ -359,7 +359,7 @@ impl Report {
         let mut row = |name: String, figure: String| t.row(&[name, figure]);
         row(
             format!(
-                "broker ceiling: quorum queue, confirms (window {}) + acks, prefetch {}",
+                "broker ceiling: quorum queue, confirms (window {}) + acks in runs, prefetch {}",
                 w.confirm_window, w.concurrency
             ),
             format!("{} msg/s", thousands(self.broker.msg_per_s)),
