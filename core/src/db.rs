@@ -437,6 +437,39 @@ async fn find_primary(candidates: &[(String, PgConnectOptions)]) -> Option<usize
     None
 }
 
+/// The statement cache: off behind a pooler (every statement unnamed, [`crate::pooler`]).
+fn session_options(opts: PgConnectOptions, settings: &PoolSettings) -> PgConnectOptions {
+    if settings.pooler {
+        opts.statement_cache_capacity(0)
+    } else {
+        opts
+    }
+}
+
+/// Set at the start of every direct connection (not behind a pooler, where every statement
+/// is unnamed and so planned each time already): plan each statement for its own
+/// parameters on every execution.
+///
+/// Why: with Postgres's default (`plan_cache_mode = auto`) a named statement switches to a
+/// *generic* plan after five executions and keeps it until the table's statistics change.
+/// A worker's connections make their first statements while the journal is young — a new
+/// journal, or the first minute of a fleet — and a generic plan made against a table of a
+/// few rows joins a completion batch (`UPDATE … FROM unnest(…)`) to a **sequential scan**
+/// of `agent_operations` with a hash, which it then repeats while the table grows, until
+/// autovacuum's first `ANALYZE` invalidates it. Measured in the bench, whose journals are
+/// seconds old (docs/performance.md, "Generic plans of a young journal"): at half load the
+/// completions read 60 buffers per row instead of 24 and took 11.6 s to execute instead of
+/// 5.0 s for 20,000 operations. A custom plan costs one planning per statement, i.e. per
+/// batch (the completion's: ~0.25 ms); for one-row batches on a grown table Postgres
+/// chose custom plans already. A `SET` rather than a startup option: proxies in front of
+/// Postgres (pgbouncer in session mode) refuse unknown startup parameters.
+const CUSTOM_PLANS: &str = "SET plan_cache_mode = force_custom_plan";
+
+/// [`CUSTOM_PLANS`] on a new direct connection.
+async fn start_session(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(CUSTOM_PLANS).execute(conn).await.map(|_| ())
+}
+
 /// Connect a pool (the database must exist), after checking the URL's TLS settings. A
 /// multi-host URL ([`split_hosts`]: a primary and its standbys) connects to the one that
 /// accepts writes, refuses connections to a server in recovery, and follows a failover:
@@ -448,13 +481,19 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<PgPool, DbErr
     if urls.len() > 1 {
         return connect_failover(url, urls, settings).await;
     }
-    let mut opts = check_tls_settings(url)?;
-    if settings.pooler {
-        opts = opts.statement_cache_capacity(0);
-    }
+    let opts = session_options(check_tls_settings(url)?, settings);
+    let pooler = settings.pooler;
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                if !pooler {
+                    start_session(conn).await?;
+                }
+                Ok(())
+            })
+        })
         .connect_with(opts)
         .await
         .map_err(|source| connect_error(url, source))
@@ -467,23 +506,24 @@ async fn connect_failover(
 ) -> Result<PgPool, DbError> {
     let mut candidates = Vec::new();
     for u in urls {
-        let mut opts = check_tls_settings(&u)?;
-        if settings.pooler {
-            opts = opts.statement_cache_capacity(0);
-        }
+        let opts = session_options(check_tls_settings(&u)?, settings);
         candidates.push((u, opts));
     }
     let Some(first) = find_primary(&candidates).await else {
         return Err(DbError::NoPrimary(describe(url)));
     };
+    let pooler = settings.pooler;
     let pool = PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
         // A connection to a standby (an old primary back in recovery) is refused here, so
         // the pool never hands one out.
-        .after_connect(|conn, _| {
+        .after_connect(move |conn, _| {
             Box::pin(async move {
                 if is_writable(conn).await? {
+                    if !pooler {
+                        start_session(conn).await?;
+                    }
                     Ok(())
                 } else {
                     Err(sqlx::Error::Protocol(

@@ -21,12 +21,13 @@
 //! unnamed statement (nothing outlives the transaction), with the connection's statement
 //! cache off ([`crate::db::PoolSettings::pooler`]). Statements that are already in an
 //! explicit transaction (`Journal::resolve_review`, `purge`, `settle_reviewed`) are written
-//! unnamed (`.persistent(false)`) in every mode. Nothing oncely runs keeps session state:
+//! unnamed (`.persistent(false)`) in every mode. Nothing oncely runs there keeps session state:
 //! its one setting is `SET LOCAL` (transaction-scoped), it takes no advisory locks and
 //! uses no `LISTEN` — but `oncely-worker migrate` does (sqlx's migration lock is a
 //! session advisory lock), so migrations go to Postgres directly (docs/scaling.md).
 //! Directly (the default), [`Db`] is the pool itself: no extra statement, cached named
-//! statements.
+//! statements, each connection started with `SET plan_cache_mode = force_custom_plan`
+//! (`crate::db`: a generic plan made while the journal was young scans the table).
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream};
