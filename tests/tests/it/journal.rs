@@ -471,6 +471,53 @@ async fn the_database_enforces_statuses_states_and_an_append_only_trail() {
     }
 }
 
+/// A connection plans each completion for its own parameters. Under Postgres's default
+/// a named statement turns generic after five executions, and a generic plan made while
+/// the journal is young joins the batch to a sequential scan of the table — kept while the
+/// table grows, until autovacuum analyzes it (docs/performance.md, "Generic plans of a
+/// young journal").
+#[tokio::test]
+async fn completions_on_a_young_journal_are_never_planned_generically() {
+    let db = TestDb::new().await;
+    let settings = oncely_core::db::PoolSettings {
+        max_connections: 1,
+        ..Default::default()
+    };
+    let pool = oncely_core::db::connect(&db.url, &settings)
+        .await
+        .expect("pool");
+    let j = Journal::new(pool.clone());
+    for i in 0..8 {
+        let e = envelope("young", &format!("obj{i}"), pay(i));
+        j.record(&e, "producer").await.expect("record");
+        let attempt = claimed(&claim_one(&j, &e, "w", LEASE).await);
+        assert!(
+            j.complete(&success(&e, attempt, "po_young"), "w")
+                .await
+                .expect("complete")
+        );
+    }
+    // One connection: the pool's statements are this session's prepared statements.
+    let plans: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+         WHERE statement LIKE 'UPDATE agent_operations AS o SET%'",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("plans");
+    assert_eq!(
+        plans.len(),
+        1,
+        "the completion statement, prepared once: {plans:?}"
+    );
+    let (generic, custom) = plans[0];
+    assert_eq!(
+        generic, 0,
+        "a generic plan was used ({custom} custom plans)"
+    );
+    assert_eq!(custom, 8);
+}
+
 #[tokio::test]
 async fn an_unreachable_database_is_a_clear_error() {
     let err = oncely_core::db::connect(
@@ -1005,4 +1052,103 @@ async fn a_purge_in_steps_of_one_page_deletes_every_old_terminal_operation_and_o
     }
     // Nothing is left for a second purge.
     assert_eq!(j.purge(&cutoff, false).await.expect("again"), 0);
+}
+
+/// Migration 20261213000000 rewrote the key's and the payload hash's format checks without
+/// the bounded repetition `{64}` (Postgres's regex engine expands it, ~13 µs a row on every
+/// write): on a journal an older release left, its rows pass the new checks (validated),
+/// and the new checks accept exactly the values the old patterns did.
+#[tokio::test]
+async fn the_format_checks_accept_exactly_what_the_bounded_patterns_did() {
+    let db = TestDb::migrated_to(20261212000001).await;
+    let j = db.journal();
+    settle_succeeded(&j, &envelope("format-checks", "old", pay(1))).await;
+    oncely_core::db::migrate(&db.pool, &db.url)
+        .await
+        .expect("the remaining migrations");
+    let validated: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT conname::text, convalidated FROM pg_constraint \
+         WHERE conrelid = 'agent_operations'::regclass \
+           AND conname IN ('key_format', 'payload_hash_format') ORDER BY conname",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("constraints");
+    assert_eq!(
+        validated,
+        [
+            ("key_format".to_owned(), true),
+            ("payload_hash_format".to_owned(), true)
+        ]
+    );
+
+    let hex = |n: usize| "0123456789abcdef".repeat(5)[..n].to_owned();
+    let keys = [
+        format!("v1:{}", hex(64)),
+        format!("v1:{}", hex(63)),
+        format!("v1:{}", hex(65)),
+        format!("v1:{}", hex(64).to_uppercase()),
+        format!("v1:{}é", hex(62)), // 67 bytes, 66 characters
+        format!("v1:{}é", hex(63)), // 67 characters, 68 bytes
+        format!("v1:{}\n", hex(64)),
+        format!("v1:{}\n", hex(63)),
+        format!("v2:{}", hex(64)),
+        format!(" v1:{}", hex(63)),
+        format!("v1:{}g", hex(63)),
+        "v1:".to_owned(),
+    ];
+    let hashes = [
+        format!("sha256:{}", hex(64)),
+        format!("sha256:{}", hex(63)),
+        format!("sha256:{}", hex(65)),
+        format!("SHA256:{}", hex(64)),
+        format!("sha256:{}é", hex(62)),
+        format!("sha256:{}\n", hex(63)),
+    ];
+    let insert = "INSERT INTO agent_operations (idempotency_key, action_type, workflow_id, step, \
+                  business_object, revision, payload_hash, payload, status, last_actor, last_reason) \
+                  VALUES ($1, 'x', 'w', 's', $3, 1, $2, '{}', 'planned', 'a', 'r')";
+    let cases = keys
+        .iter()
+        .map(|k| {
+            (
+                "key_format",
+                k.as_str(),
+                hashes[0].as_str(),
+                k.as_str(),
+                "v1",
+            )
+        })
+        .chain(hashes.iter().map(|h| {
+            (
+                "payload_hash_format",
+                keys[0].as_str(),
+                h.as_str(),
+                h.as_str(),
+                "sha256",
+            )
+        }));
+    for (n, (constraint, key, hash, value, prefix)) in cases.enumerate() {
+        let old: bool = sqlx::query_scalar("SELECT $1 ~ $2")
+            .bind(value)
+            .bind(format!("^{prefix}:[0-9a-f]{{64}}$"))
+            .fetch_one(&db.pool)
+            .await
+            .expect("the old pattern");
+        let mut tx = db.pool.begin().await.expect("begin");
+        let inserted = sqlx::query(insert)
+            .bind(key)
+            .bind(hash)
+            .bind(format!("object-{n}"))
+            .execute(&mut *tx)
+            .await;
+        tx.rollback().await.expect("rollback");
+        match inserted {
+            Ok(_) => assert!(old, "{value:?} accepted, the old pattern refuses it"),
+            Err(e) => {
+                assert!(!old, "{value:?} refused ({e}), the old pattern accepts it");
+                assert!(e.to_string().contains(constraint), "{value:?}: {e}");
+            }
+        }
+    }
 }
