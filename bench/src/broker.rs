@@ -8,7 +8,7 @@ use futures_util::{FutureExt, StreamExt};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use oncely_core::config::BrokerConfig;
-use oncely_core::publish::Publisher;
+use oncely_core::publish::{Message, PublishOptions, Publisher};
 use oncely_core::topology;
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -131,21 +131,17 @@ async fn measure(
     let cpu = CpuSampler::start();
     let started = Instant::now();
     for window in bodies.chunks(CONFIRM_WINDOW) {
-        let mut pending = Vec::with_capacity(window.len());
-        for (id, body) in window {
-            pending.push(
-                publisher
-                    .publish(
-                        "",
-                        queue,
-                        body,
-                        oncely_core::publish::PublishOptions::mandatory().with_message_id(id),
-                    )
-                    .await?,
-            );
-        }
+        // The window's publishes together (as the producer SDK publishes a recorded chunk).
+        let pending = publisher
+            .publish_all(window.iter().map(|(id, body)| Message {
+                exchange: "",
+                routing_key: queue,
+                body,
+                options: PublishOptions::mandatory().with_message_id(id),
+            }))
+            .await;
         for p in pending {
-            p.confirmed().await?;
+            p?.confirmed().await?;
         }
     }
     let publish_seconds = started.elapsed().as_secs_f64();

@@ -4,7 +4,9 @@
 //! `basic.return` *and then an ack*: lapin surfaces that as `Confirmation::Ack(Some(_))`,
 //! which is a failure here, not a success. Bulk callers publish many messages first and
 //! then await their confirms together (a window), never one publish-then-wait each:
-//! on this machine that is the difference between ~650 and ~8,600 messages/s.
+//! on this machine that is the difference between ~650 and ~8,600 messages/s. And they
+//! publish with [`Publisher::publish_all`], not one awaited publish after another: each
+//! of those waits until its frames are written on lapin's I/O thread.
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -91,6 +93,19 @@ impl<'a> PublishOptions<'a> {
     }
 }
 
+/// One message for [`Publisher::publish_all`].
+#[derive(Debug, Clone)]
+pub struct Message<'a> {
+    /// The exchange.
+    pub exchange: &'a str,
+    /// The routing key.
+    pub routing_key: &'a str,
+    /// The body (JSON).
+    pub body: &'a [u8],
+    /// Mandatory, headers, message id.
+    pub options: PublishOptions<'a>,
+}
+
 /// A confirm-mode channel.
 #[derive(Debug, Clone)]
 pub struct Publisher {
@@ -155,6 +170,26 @@ impl Publisher {
             exchange: exchange.to_owned(),
             routing_key: routing_key.to_owned(),
         })
+    }
+
+    /// Publish several messages together; await each result's confirm with
+    /// [`Pending::confirmed`]. Results in the order given.
+    ///
+    /// Why not one [`Publisher::publish`] after another: each of those awaits until its
+    /// own frames are written, and lapin writes on its own I/O thread — one socket write
+    /// and two thread wake-ups per message. Here every message's frames are handed to
+    /// the connection before any write is awaited, so they leave in a few writes (and
+    /// in the order given: a publish's frames are queued at its first poll).
+    pub async fn publish_all<'m>(
+        &self,
+        messages: impl IntoIterator<Item = Message<'m>>,
+    ) -> Vec<Result<Pending, PublishError>> {
+        futures_util::future::join_all(
+            messages
+                .into_iter()
+                .map(|m| self.publish(m.exchange, m.routing_key, m.body, m.options)),
+        )
+        .await
     }
 
     /// Publish and wait for its confirm.

@@ -14,6 +14,7 @@ mod logs;
 mod mcp;
 mod pipeline;
 mod pooler;
+mod publish;
 mod python_client;
 mod quorum_541;
 mod reconcile;
