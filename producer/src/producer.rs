@@ -10,6 +10,7 @@ use oncely_core::topology::{self, Topology};
 use oncely_core::{DataKeys, Envelope, IdempotencyKey, Intent, KeyRing, Status};
 use serde::Serialize;
 use serde_json::Value;
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// Most intents recorded per journal statement in bulk paths.
@@ -212,7 +213,8 @@ impl Producer {
         let envelopes: Vec<Envelope> = chunk.iter().map(|(_, e)| e.clone()).collect();
         metrics::histogram!(m::RECORD_BATCH_SIZE).record(chunk.len() as f64);
         let recorded = timed("record", self.journal.record_many(&envelopes, &self.actor)).await?;
-        let mut to_publish: Vec<(usize, Envelope)> = Vec::new();
+        // Borrowed from the chunk unless the row's key replaces the envelope's.
+        let mut to_publish: Vec<(usize, Cow<'_, Envelope>)> = Vec::new();
         for ((i, env), rec) in chunk.iter().zip(recorded) {
             let publish = match &rec {
                 Recorded::New => true,
@@ -233,11 +235,11 @@ impl Producer {
                 // A duplicate is published under its row's key (it differs from the
                 // envelope's when the intent was recorded under another secret of the ring).
                 let env = match &answer {
-                    Enqueued::Duplicate { key, .. } if key != &env.key => Envelope {
+                    Enqueued::Duplicate { key, .. } if key != &env.key => Cow::Owned(Envelope {
                         key: key.clone(),
                         ..env.clone()
-                    },
-                    _ => env.clone(),
+                    }),
+                    _ => Cow::Borrowed(env),
                 };
                 to_publish.push((*i, env));
             }
@@ -257,7 +259,7 @@ impl Producer {
             .await;
         for ((i, env), p) in to_publish.into_iter().zip(published) {
             match p {
-                Ok(p) => pending.push((i, env.key, p)),
+                Ok(p) => pending.push((i, env.key.clone(), p)),
                 Err(e) => results[i] = Some(Err(e.into())),
             }
         }
