@@ -36,7 +36,8 @@ pub struct FleetEnv {
     pub amqp_url: String,
     /// A cluster's nodes (`broker.urls`; empty: `amqp_url` alone).
     pub amqp_urls: Vec<String>,
-    /// `prefetch` = `max_in_flight` = `batch` of every worker.
+    /// `prefetch` = `max_in_flight` = `batch` of every worker (unless `worker_in_flight`
+    /// or `worker_batch` set them apart).
     pub concurrency: u16,
     /// The workload.
     pub workload: Workload,
@@ -63,6 +64,13 @@ pub struct FleetEnv {
     pub linger: Duration,
     /// Every action type's `outcome_events` (`--no-outcome-events`: false).
     pub outcome_events: bool,
+    /// Agents enqueueing at once at full load (`--agents`).
+    pub agents: usize,
+    /// Every worker's `batch`, instead of C (`--worker-batch`).
+    pub worker_batch: Option<u16>,
+    /// Every worker's `prefetch` = `max_in_flight`, instead of C, where the run does not
+    /// set its own (`--worker-in-flight`).
+    pub worker_in_flight: Option<u16>,
 }
 
 /// One run's settings.
@@ -230,9 +238,10 @@ fn fleet_config(
     }
     config.broker.prefix = prefix.to_owned();
     config.broker.queue_type = "quorum".into();
-    config.worker.prefetch = in_flight.unwrap_or(c);
-    config.worker.max_in_flight = in_flight.unwrap_or(c).into();
-    config.worker.batch = c.into();
+    let in_flight = in_flight.or(env.worker_in_flight).unwrap_or(c);
+    config.worker.prefetch = in_flight;
+    config.worker.max_in_flight = in_flight.into();
+    config.worker.batch = env.worker_batch.unwrap_or(c).into();
     config.worker.db_connections = 8;
     config.worker.linger = env.linger;
     config.point_at_sandbox(sandbox);
@@ -304,7 +313,7 @@ async fn measure(
     let journal = Journal::new(pool.clone());
     let t0 = journal.clock().await?;
     let mut enqueuing = Some(match gateway {
-        None => tokio::spawn(enqueue(producer.clone(), intents, spec.pace)),
+        None => tokio::spawn(enqueue(producer.clone(), intents, spec.pace, env.agents)),
         Some(addr) => tokio::spawn(enqueue_http(addr, intents)),
     });
     let mut enqueue_seconds = None;
@@ -533,40 +542,76 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Enqueue everything (at full speed, or paced); returns the seconds it took.
+/// Enqueue everything (at full speed from `agents` tasks, or paced from one); returns
+/// the seconds it took.
+///
+/// Why several agents at full load: one agent awaits each chunk's record and confirms
+/// before it sends the next, so its rate falls with the database's and the broker's
+/// latency; with four workers on this machine it fell to the fleet's rate and set it
+/// (docs/performance.md "One agent set the pace"). Full load means a backlog, so at full
+/// speed `agents` tasks each take the next chunk when their last one is confirmed, as a
+/// fleet of agents would.
 async fn enqueue(
     producer: Arc<Producer>,
-    mut intents: Vec<Intent>,
+    intents: Vec<Intent>,
     pace: Option<f64>,
+    agents: usize,
 ) -> anyhow::Result<f64> {
     let started = Instant::now();
+    if pace.is_none() {
+        let mut chunks: Vec<Vec<Intent>> = Vec::new();
+        let mut rest = intents;
+        while !rest.is_empty() {
+            let tail = rest.split_off(ENQUEUE_CHUNK.min(rest.len()));
+            chunks.push(std::mem::replace(&mut rest, tail));
+        }
+        chunks.reverse();
+        let queue = Arc::new(std::sync::Mutex::new(chunks));
+        let mut tasks = tokio::task::JoinSet::<anyhow::Result<()>>::new();
+        for _ in 0..agents.max(1) {
+            let (producer, queue) = (producer.clone(), queue.clone());
+            tasks.spawn(async move {
+                loop {
+                    let next = queue.lock().expect("chunk queue").pop();
+                    let Some(chunk) = next else { return Ok(()) };
+                    enqueue_chunk(&producer, chunk).await?;
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        return Ok(started.elapsed().as_secs_f64());
+    }
+    let (mut intents, rate) = (intents, pace.unwrap_or_default());
     let n = intents.len();
     let mut sent = 0usize;
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     while !intents.is_empty() {
-        let take = match pace {
-            None => ENQUEUE_CHUNK,
-            Some(rate) => {
-                tick.tick().await;
-                let due = ((started.elapsed().as_secs_f64() * rate) as usize).min(n);
-                due.saturating_sub(sent).min(ENQUEUE_CHUNK)
-            }
-        };
+        tick.tick().await;
+        let due = ((started.elapsed().as_secs_f64() * rate) as usize).min(n);
+        let take = due.saturating_sub(sent).min(ENQUEUE_CHUNK);
         if take == 0 {
             continue;
         }
         let rest = intents.split_off(take.min(intents.len()));
         let chunk = std::mem::replace(&mut intents, rest);
         sent += chunk.len();
-        for r in producer.enqueue_many(chunk).await? {
-            match r {
-                Ok(Enqueued::Enqueued { .. }) => {}
-                Ok(other) => anyhow::bail!("enqueue: expected a new operation, got {other:?}"),
-                Err(e) => anyhow::bail!("enqueue failed: {e}"),
-            }
-        }
+        enqueue_chunk(&producer, chunk).await?;
     }
     Ok(started.elapsed().as_secs_f64())
+}
+
+/// One `enqueue_many`; every intent must come back as a new operation.
+async fn enqueue_chunk(producer: &Producer, chunk: Vec<Intent>) -> anyhow::Result<()> {
+    for r in producer.enqueue_many(chunk).await? {
+        match r {
+            Ok(Enqueued::Enqueued { .. }) => {}
+            Ok(other) => anyhow::bail!("enqueue: expected a new operation, got {other:?}"),
+            Err(e) => anyhow::bail!("enqueue failed: {e}"),
+        }
+    }
+    Ok(())
 }
 
 /// Start `oncely-worker --config FILE run`, its stderr in a log file.

@@ -63,7 +63,8 @@ pub struct BenchArgs {
     /// [default: a real envelope's size, about 500].
     #[arg(long, value_name = "BYTES")]
     pub message_bytes: Option<usize>,
-    /// Worker processes of the scaling rows (sandbox latency 0) [default: 1,2,4; with --quick: 1,2].
+    /// Worker processes of the scaling rows (sandbox latency 0), each run twice, there and
+    /// back (1, 2, 4, then 4, 2, 1) [default: 1,2,4; with --quick: 1,2].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..))]
     pub workers: Option<Vec<u64>>,
     /// Sandbox latencies (ms) of the scaling rows, with --fleet workers [default: 0,50; with --quick: 0].
@@ -88,6 +89,19 @@ pub struct BenchArgs {
     /// after its first item (docs/performance.md "Linger").
     #[arg(long, value_name = "MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub linger_ms: u64,
+    /// Agents enqueueing at once at full load, each a loop of `enqueue_many` over
+    /// 1,000 intents awaiting its confirms before its next (docs/performance.md "One
+    /// agent set the pace"); paced runs enqueue from one.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub agents: u16,
+    /// Every worker's claim and commit batch (`batch`) in the end-to-end rows, instead of C
+    /// (docs/performance.md "Claims in waves").
+    #[arg(long, value_name = "B", value_parser = clap::value_parser!(u16).range(1..))]
+    pub worker_batch: Option<u16>,
+    /// Every worker's `prefetch` = `max_in_flight` in the end-to-end rows but the
+    /// slow-provider one, instead of C (docs/performance.md "Claims in waves").
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub worker_in_flight: Option<u16>,
     /// Every action type's `outcome_events = false` in the workers' config: no outcome
     /// event is published (the bench listens to none), to measure what they cost
     /// (docs/performance.md "Outcome events off").
@@ -380,20 +394,29 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let message_bytes =
         bodies.iter().map(|(_, b)| b.len()).sum::<usize>() as f64 / bodies.len().max(1) as f64;
 
-    // The plan: headline full + half, then the scaling rows not already measured.
-    let mut rows: Vec<(usize, u64)> = s.workers.iter().map(|w| (*w, 0)).collect();
-    rows.extend(s.latency_ms.iter().map(|l| (s.fleet, *l)));
+    // The plan: headline full + half, then the worker-count rows there and back (1, 2, 4,
+    // then 4, 2, 1: fresh runs, so that drift of the machine during them weighs on every
+    // count alike), then the latency rows not already measured.
+    let mut there_and_back: Vec<usize> = s.workers.clone();
+    if s.workers.len() > 1 {
+        there_and_back.extend(s.workers.iter().rev());
+    }
     let mut seen = vec![(s.fleet, 0u64)];
-    let extra: Vec<(usize, u64)> = rows
+    let extra: Vec<(usize, u64)> = s
+        .latency_ms
         .iter()
-        .copied()
+        .map(|l| (s.fleet, *l))
         .filter(|r| {
             let new = !seen.contains(r);
             seen.push(*r);
             new
         })
         .collect();
-    let steps = 5 + (s.paced.len() - 1) + extra.len() + usize::from(s.slow.is_some());
+    let steps = 5
+        + (s.paced.len() - 1)
+        + there_and_back.len()
+        + extra.len()
+        + usize::from(s.slow.is_some());
     let c = s.concurrency;
     let n = s.intents;
     let step = |i: usize, what: &str| eprintln!("[{i}/{steps}] {what}");
@@ -414,6 +437,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         time_sweeps: args.journal_rows.is_some() || args.filled_journal.is_some(),
         linger: std::time::Duration::from_millis(args.linger_ms),
         outcome_events: !args.no_outcome_events,
+        agents: args.agents.into(),
+        worker_batch: args.worker_batch,
+        worker_in_flight: args.worker_in_flight,
     };
     if args.journal_rows.is_some() || args.filled_journal.is_some() {
         return journal_at_scale(&args, env).await;
@@ -529,6 +555,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let mut next = 5 + s.paced.len();
 
+    let mut scaling_workers: Vec<FleetResult> = Vec::with_capacity(there_and_back.len());
+    for w in &there_and_back {
+        step(next, &format!("scaling: {w} workers, sandbox latency 0 ms"));
+        next += 1;
+        let r = fleet_run(spec(*w, 0)).await?;
+        show(&r);
+        scaling_workers.push(r);
+    }
     let mut measured: Vec<FleetResult> = vec![full.clone()];
     for (w, l) in &extra {
         step(
@@ -570,7 +604,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .find(|r| r.workers == w && r.sandbox_latency_ms == l)
             .cloned()
     };
-    let scaling_workers: Vec<FleetResult> = s.workers.iter().filter_map(|w| pick(*w, 0)).collect();
     let scaling_latency: Vec<FleetResult> = s
         .latency_ms
         .iter()
@@ -588,6 +621,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             message_bytes,
             confirm_window: broker::CONFIRM_WINDOW,
             enqueue_chunk: fleet::ENQUEUE_CHUNK,
+            agents: args.agents.into(),
+            worker_in_flight: args.worker_in_flight.unwrap_or(c),
+            worker_batch: args.worker_batch.unwrap_or(c),
             fleet: s.fleet,
             linger_ms: args.linger_ms,
         },

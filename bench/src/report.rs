@@ -79,6 +79,13 @@ pub struct Workload {
     pub confirm_window: usize,
     /// Intents per `enqueue_many` at full load.
     pub enqueue_chunk: usize,
+    /// Agents enqueueing at once at full load (`--agents`).
+    pub agents: usize,
+    /// Every worker's `prefetch` = `max_in_flight` in the end-to-end rows (C unless
+    /// `--worker-in-flight`).
+    pub worker_in_flight: u16,
+    /// Every worker's `batch` (C unless `--worker-batch`).
+    pub worker_batch: u16,
     /// Workers of the headline runs.
     pub fleet: usize,
     /// Every worker's `linger` (ms).
@@ -221,14 +228,35 @@ pub fn cpu_ms_per_action(r: &FleetResult) -> f64 {
     r.cpu.oncely() / r.actions_per_s * 1000.0
 }
 
-/// The smallest ratio of throughput with more workers to throughput with fewer.
-pub fn scaling_ratio(rows: &[FleetResult]) -> Option<f64> {
-    let mut by_workers: Vec<&FleetResult> = rows.iter().collect();
-    by_workers.sort_by_key(|r| r.workers);
-    by_workers
-        .windows(2)
-        .map(|w| w[1].actions_per_s / w[0].actions_per_s)
-        .reduce(f64::min)
+/// The smallest ratio of throughput with more workers to throughput with fewer, from
+/// `(workers, actions/s)` runs; a worker count run more than once counts with its mean
+/// (the scaling rows run there and back, 1, 2, 4 then 4, 2, 1, so that a machine
+/// getting slower or faster during the rows weighs on every count alike).
+pub fn scaling_ratio(runs: impl IntoIterator<Item = (usize, f64)>) -> Option<f64> {
+    let mut by_workers: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
+    for (w, rate) in runs {
+        let e = by_workers.entry(w).or_default();
+        *e = (e.0 + rate, e.1 + 1.0);
+    }
+    let means: Vec<f64> = by_workers.values().map(|(sum, n)| sum / n).collect();
+    means.windows(2).map(|w| w[1] / w[0]).reduce(f64::min)
+}
+
+/// "run k of n" for each worker-count run, in order, when a count ran more than once.
+fn run_labels(rows: &[FleetResult]) -> Vec<String> {
+    rows.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let same = |x: &&FleetResult| x.workers == r.workers;
+            let n = rows.iter().filter(same).count();
+            let k = rows[..=i].iter().filter(same).count();
+            if n > 1 {
+                format!("{k} of {n}")
+            } else {
+                String::new()
+            }
+        })
+        .collect()
 }
 
 fn target(name: &str, text: String, value: f64, reached: bool) -> Target {
@@ -282,7 +310,11 @@ impl Report {
                 half_load.p99_ms <= TARGET_P99_HALF_MS,
             ),
         ];
-        if let Some(r) = scaling_ratio(&m.scaling_workers) {
+        let runs = m
+            .scaling_workers
+            .iter()
+            .map(|r| (r.workers, r.actions_per_s));
+        if let Some(r) = scaling_ratio(runs) {
             targets.push(target(
                 "more workers ÷ fewer, smallest step (throughput)",
                 format!("≥ {TARGET_SCALING:.2}"),
@@ -350,8 +382,8 @@ impl Report {
         let _ = writeln!(
             o,
             "workload: {} operations per measurement (email.send, ticket.create, payment_order.create in turn), \
-             {:.0}-byte messages, C = {}, worker linger {} ms",
-            w.intents, w.message_bytes, w.concurrency, w.linger_ms
+             {:.0}-byte messages, C = {}, worker linger {} ms, {} agents at full load",
+            w.intents, w.message_bytes, w.concurrency, w.linger_ms, w.agents
         );
         let _ = writeln!(o);
 
@@ -390,8 +422,8 @@ impl Report {
         );
         row(
             format!(
-                "oncely end to end: {} workers, full load (prefetch = in-flight = batch = {})",
-                self.full_load.workers, w.concurrency
+                "oncely end to end: {} workers, full load (prefetch = in-flight = {}, batch = {})",
+                self.full_load.workers, w.worker_in_flight, w.worker_batch
             ),
             format!("{} actions/s", thousands(self.full_load.actions_per_s)),
         );
@@ -554,11 +586,12 @@ impl Report {
 
         let _ = writeln!(
             o,
-            "scaling (full load, C = {} per worker; latencies in ms: recorded → succeeded, recorded → claimed, claimed → succeeded)",
+            "scaling (full load, C = {} per worker; each worker count run there and back, the ratio from their means; latencies in ms: recorded → succeeded, recorded → claimed, claimed → succeeded)",
             w.concurrency
         );
         let mut t = Table::new(&[
             "workers",
+            "run",
             "sandbox latency",
             "actions/s",
             "p50 / p99 ms",
@@ -568,17 +601,20 @@ impl Report {
             "enqueue s",
         ]);
         let mut rows: Vec<&FleetResult> = self.scaling_workers.iter().collect();
+        let mut labels = run_labels(&self.scaling_workers);
         for r in &self.scaling_latency {
             if !rows
                 .iter()
                 .any(|x| x.workers == r.workers && x.sandbox_latency_ms == r.sandbox_latency_ms)
             {
                 rows.push(r);
+                labels.push(String::new());
             }
         }
-        for r in &rows {
+        for (r, run) in rows.iter().zip(&labels) {
             t.row(&[
                 r.workers.to_string(),
+                run.clone(),
                 format!("{} ms", r.sandbox_latency_ms),
                 thousands(r.actions_per_s),
                 format!("{} / {}", ms(r.p50_ms), ms(r.p99_ms)),
@@ -663,6 +699,11 @@ impl Report {
             &self.journal_batched.cpu,
             self.journal_batched.actions_per_s,
         );
+        cpu_row(
+            format!("oncely, {} workers, full load", self.full_load.workers),
+            &self.full_load.cpu,
+            self.full_load.actions_per_s,
+        );
         for r in &self.paced {
             cpu_row(
                 format!(
@@ -679,10 +720,15 @@ impl Report {
             &self.via_gateway.cpu,
             self.via_gateway.actions_per_s,
         );
-        for r in &rows {
+        for (r, run) in rows.iter().zip(&labels) {
+            let run = if run.is_empty() {
+                String::new()
+            } else {
+                format!(", run {run}")
+            };
             cpu_row(
                 format!(
-                    "oncely, {} workers, latency {} ms",
+                    "oncely, {} workers, latency {} ms{run}",
                     r.workers, r.sandbox_latency_ms
                 ),
                 &r.cpu,
@@ -804,6 +850,26 @@ mod tests {
         assert_eq!(thousands(f64::NAN), "n/a");
         assert_eq!(ms(12.345), "12.3");
         assert_eq!(ms(1234.5), "1234");
+    }
+
+    #[test]
+    fn scaling_compares_the_means_of_each_worker_count() {
+        // There and back: 1, 2, 4, then 4, 2, 1; means 100, 200, 300.
+        let runs = [
+            (1, 120.0),
+            (2, 300.0),
+            (4, 200.0),
+            (4, 400.0),
+            (2, 100.0),
+            (1, 80.0),
+        ];
+        assert_eq!(scaling_ratio(runs), Some(1.5));
+        // A fall shows: 4 workers' mean below 2 workers'.
+        assert_eq!(
+            scaling_ratio([(2, 400.0), (4, 300.0), (4, 300.0), (2, 400.0)]),
+            Some(0.75)
+        );
+        assert_eq!(scaling_ratio([(2, 400.0)]), None);
     }
 
     #[test]
