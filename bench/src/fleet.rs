@@ -36,8 +36,8 @@ pub struct FleetEnv {
     pub amqp_url: String,
     /// A cluster's nodes (`broker.urls`; empty: `amqp_url` alone).
     pub amqp_urls: Vec<String>,
-    /// `prefetch` = `max_in_flight` = `batch` of every worker (unless `worker_in_flight`
-    /// or `worker_batch` set them apart).
+    /// Every worker's `batch`; its `prefetch` = `max_in_flight` are twice that
+    /// ([`in_flight_for`]; unless `worker_in_flight` or `worker_batch` set them).
     pub concurrency: u16,
     /// The workload.
     pub workload: Workload,
@@ -68,8 +68,8 @@ pub struct FleetEnv {
     pub agents: usize,
     /// Every worker's `batch`, instead of C (`--worker-batch`).
     pub worker_batch: Option<u16>,
-    /// Every worker's `prefetch` = `max_in_flight`, instead of C, where the run does not
-    /// set its own (`--worker-in-flight`).
+    /// Every worker's `prefetch` = `max_in_flight`, instead of 2 × C, where the run does
+    /// not set its own (`--worker-in-flight`).
     pub worker_in_flight: Option<u16>,
 }
 
@@ -217,6 +217,14 @@ pub async fn run(env: &FleetEnv, spec: FleetSpec, seq: usize) -> anyhow::Result<
     result
 }
 
+/// Every worker's `prefetch` = `max_in_flight` for a claim batch of `c`, unless a flag
+/// says otherwise: twice the batch, so the next claim never waits for every call of
+/// the one before to end (docs/performance.md "Claims in waves"; the worker's own
+/// defaults have the same ratio: 128 calls in flight, batches of 64).
+pub fn in_flight_for(c: u16) -> u16 {
+    c.saturating_mul(2)
+}
+
 /// The config every worker of a run reads: the built-in one (the structure of the
 /// tests' fleet) pointed at this run, with the run's concurrency (and `in_flight` calls
 /// per worker, when given).
@@ -238,7 +246,9 @@ fn fleet_config(
     }
     config.broker.prefix = prefix.to_owned();
     config.broker.queue_type = "quorum".into();
-    let in_flight = in_flight.or(env.worker_in_flight).unwrap_or(c);
+    let in_flight = in_flight
+        .or(env.worker_in_flight)
+        .unwrap_or_else(|| in_flight_for(c));
     config.worker.prefetch = in_flight;
     config.worker.max_in_flight = in_flight.into();
     config.worker.batch = env.worker_batch.unwrap_or(c).into();

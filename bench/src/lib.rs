@@ -56,7 +56,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub intents: Option<u64>,
     /// Concurrency C used by all three measurements alike: the broker ceiling's prefetch,
-    /// the journal ceiling's connections, and each worker's prefetch, max_in_flight and batch.
+    /// the journal ceiling's connections, and each worker's batch (its prefetch and
+    /// max_in_flight are 2 × C, as the worker's defaults are twice its batch).
     #[arg(long, value_name = "C", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
     /// Message size in bytes for all measurements (payloads are padded to reach it)
@@ -99,7 +100,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "B", value_parser = clap::value_parser!(u16).range(1..))]
     pub worker_batch: Option<u16>,
     /// Every worker's `prefetch` = `max_in_flight` in the end-to-end rows but the
-    /// slow-provider one, instead of C (docs/performance.md "Claims in waves").
+    /// slow-provider one, instead of 2 × C (docs/performance.md "Claims in waves").
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub worker_in_flight: Option<u16>,
     /// Every action type's `outcome_events = false` in the workers' config: no outcome
@@ -622,7 +623,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             confirm_window: broker::CONFIRM_WINDOW,
             enqueue_chunk: fleet::ENQUEUE_CHUNK,
             agents: args.agents.into(),
-            worker_in_flight: args.worker_in_flight.unwrap_or(c),
+            worker_in_flight: args
+                .worker_in_flight
+                .unwrap_or_else(|| fleet::in_flight_for(c)),
             worker_batch: args.worker_batch.unwrap_or(c),
             fleet: s.fleet,
             linger_ms: args.linger_ms,

@@ -81,7 +81,7 @@ pub struct Workload {
     pub enqueue_chunk: usize,
     /// Agents enqueueing at once at full load (`--agents`).
     pub agents: usize,
-    /// Every worker's `prefetch` = `max_in_flight` in the end-to-end rows (C unless
+    /// Every worker's `prefetch` = `max_in_flight` in the end-to-end rows (2 × C unless
     /// `--worker-in-flight`).
     pub worker_in_flight: u16,
     /// Every worker's `batch` (C unless `--worker-batch`).
@@ -586,8 +586,8 @@ impl Report {
 
         let _ = writeln!(
             o,
-            "scaling (full load, C = {} per worker; each worker count run there and back, the ratio from their means; latencies in ms: recorded → succeeded, recorded → claimed, claimed → succeeded)",
-            w.concurrency
+            "scaling (full load, each worker in-flight = {}, batch = {}; each worker count run there and back, the ratio from their means; latencies in ms: recorded → succeeded, recorded → claimed, claimed → succeeded)",
+            w.worker_in_flight, w.worker_batch
         );
         let mut t = Table::new(&[
             "workers",

@@ -18,7 +18,11 @@ pub const MAX_LINGER: Duration = Duration::from_secs(1);
 pub struct WorkerConfig {
     /// Unacked deliveries RabbitMQ may push per consumer.
     pub prefetch: u16,
-    /// Provider calls in flight at once in this process.
+    /// Provider calls in flight at once in this process. A claim takes a slot per
+    /// delivery before its statement (a lease must not wait for a slot), so with this
+    /// equal to `batch` a full claim waits until every call of the one before has ended;
+    /// the default, twice the batch, lets the next claim go while calls run (measured in
+    /// docs/performance.md, "Claims in waves": commits carry ~60 actions instead of ~38).
     pub max_in_flight: usize,
     /// Most deliveries claimed (and completions committed) per statement.
     pub batch: usize,
@@ -39,7 +43,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
             prefetch: 128,
-            max_in_flight: 64,
+            max_in_flight: 128,
             batch: 64,
             max_message_bytes: crate::intent::DEFAULT_MAX_ENVELOPE_BYTES,
             db_connections: 8,
@@ -84,5 +88,20 @@ mod tests {
         let long: WorkerConfig = toml::from_str("linger = \"2s\"").expect("parse");
         let err = long.validate().expect_err("2s is refused").to_string();
         assert!(err.contains("worker.linger"), "{err}");
+    }
+
+    #[test]
+    fn the_shipped_config_states_the_defaults_and_claims_do_not_wait_in_waves() {
+        let shipped = crate::config::Config::builtin()
+            .expect("built-in config")
+            .worker;
+        assert_eq!(
+            shipped,
+            WorkerConfig::default(),
+            "config/oncely.toml [worker]"
+        );
+        // A claim takes a call slot per delivery before its statement: with room for
+        // fewer than two batches in flight, a full claim waits for the calls before it.
+        assert!(shipped.max_in_flight >= 2 * shipped.batch, "{shipped:?}");
     }
 }
