@@ -7,7 +7,7 @@ use super::intents::{ACTIONS, Workload};
 use super::sys::{self, CpuSampler, CpuUse};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
-use oncely_core::config::Config;
+use oncely_core::config::{Config, ProviderConfig};
 use oncely_core::db::{self, PoolSettings};
 use oncely_core::journal::{Journal, Latencies};
 use oncely_core::topology::{self, Topology};
@@ -71,6 +71,8 @@ pub struct FleetEnv {
     /// Every worker's `prefetch` = `max_in_flight`, instead of 2 × C, where the run does
     /// not set its own (`--worker-in-flight`).
     pub worker_in_flight: Option<u16>,
+    /// The workers speak HTTP/2 to the sandbox (`--provider-http2`).
+    pub provider_http2: bool,
 }
 
 /// One run's settings.
@@ -255,6 +257,11 @@ fn fleet_config(
     config.worker.db_connections = 8;
     config.worker.linger = env.linger;
     config.point_at_sandbox(sandbox);
+    for provider in config.providers.values_mut() {
+        if let ProviderConfig::Http(http) = provider {
+            http.http2 = env.provider_http2;
+        }
+    }
     for policy in config.actions.values_mut() {
         policy.lease = Duration::from_secs(60);
         policy.retry_delay = Duration::from_secs(2);

@@ -108,6 +108,11 @@ pub struct BenchArgs {
     /// (docs/performance.md "Outcome events off").
     #[arg(long)]
     pub no_outcome_events: bool,
+    /// The workers reach the sandbox provider over HTTP/2 (`http2 = true`: h2c by prior
+    /// knowledge, every call in flight a stream of one connection) instead of one
+    /// HTTP/1.1 connection per call in flight (docs/performance.md "HTTP/2 to providers").
+    #[arg(long)]
+    pub provider_http2: bool,
     /// CI smoke test: 1000 intents, workers 1,2, latency 0, the 50 % point only, no
     /// slow-provider row (explicit flags still win).
     #[arg(long)]
@@ -441,6 +446,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         agents: args.agents.into(),
         worker_batch: args.worker_batch,
         worker_in_flight: args.worker_in_flight,
+        provider_http2: args.provider_http2,
     };
     if args.journal_rows.is_some() || args.filled_journal.is_some() {
         return journal_at_scale(&args, env).await;
@@ -627,6 +633,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 .worker_in_flight
                 .unwrap_or_else(|| fleet::in_flight_for(c)),
             worker_batch: args.worker_batch.unwrap_or(c),
+            provider_http: if args.provider_http2 {
+                "HTTP/2 (h2c)"
+            } else {
+                "HTTP/1.1"
+            },
             fleet: s.fleet,
             linger_ms: args.linger_ms,
         },

@@ -86,6 +86,8 @@ pub struct Workload {
     pub worker_in_flight: u16,
     /// Every worker's `batch` (C unless `--worker-batch`).
     pub worker_batch: u16,
+    /// How the workers reach the sandbox provider (`--provider-http2`).
+    pub provider_http: &'static str,
     /// Workers of the headline runs.
     pub fleet: usize,
     /// Every worker's `linger` (ms).
@@ -422,8 +424,8 @@ impl Report {
         );
         row(
             format!(
-                "oncely end to end: {} workers, full load (prefetch = in-flight = {}, batch = {})",
-                self.full_load.workers, w.worker_in_flight, w.worker_batch
+                "oncely end to end: {} workers, full load (prefetch = in-flight = {}, batch = {}, provider over {})",
+                self.full_load.workers, w.worker_in_flight, w.worker_batch, w.provider_http
             ),
             format!("{} actions/s", thousands(self.full_load.actions_per_s)),
         );

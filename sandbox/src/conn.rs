@@ -3,9 +3,11 @@
 //! Why not `axum::serve`: two faults need a handler to act on its own
 //! connection — `accept_then_reset` must cut it abruptly (an RST, via
 //! `SO_LINGER` 0) and `accept_then_timeout` must close it without answering.
-//! So every accepted socket gets its own hyper HTTP/1 connection task, and
-//! every request on it carries a [`ConnSignal`] (a request extension) through
-//! which the handler tells that task to drop the connection.
+//! So every accepted socket gets its own hyper connection task (HTTP/1.1, or
+//! HTTP/2 when the client opens with its preface), and every request on it
+//! carries a [`ConnSignal`] (a request extension) through which the handler tells
+//! that task to drop the connection — over HTTP/2 that drops every stream on it,
+//! as a real server's reset would.
 //!
 //! The same loop serves the TLS listener ([`crate::Sandbox::serve_tls`]): each accepted
 //! socket first meets the TLS faults (dropped or stalled before the handshake), then is
@@ -19,7 +21,8 @@ use axum::Router;
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper::service::{Service as _, service_fn};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -30,6 +33,10 @@ use tokio_rustls::TlsAcceptor;
 use crate::injector::TlsFault;
 use crate::state::State;
 
+/// Streams one HTTP/2 connection may carry at once: more than any test or bench keeps
+/// in flight (hyper's default, 200, would queue a worker's 1,000 calls to a slow
+/// provider in the client).
+const MAX_STREAMS: u32 = 4096;
 /// How long open connections may finish their requests after shutdown starts.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// Longest a client may take over its side of the handshake, and longest a stalled
@@ -167,6 +174,10 @@ async fn serve_connection<S: Socket>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.tcp().set_nodelay(true);
+    // A second handle on the socket, to reset it: hyper's HTTP/2 connection (and the
+    // auto one) does not hand its socket back. SO_LINGER is the socket's, whichever
+    // handle sets it; the RST goes out when the last handle closes.
+    let handle = socket2::SockRef::from(stream.tcp()).try_clone();
     let (tx, mut abort) = watch::channel(None);
     let signal = ConnSignal(Arc::new(tx));
     let tower = TowerToHyperService::new(router);
@@ -174,10 +185,19 @@ async fn serve_connection<S: Socket>(
         req.extensions_mut().insert(signal.clone());
         tower.call(req)
     });
-    let mut conn = hyper::server::conn::http1::Builder::new()
+    // HTTP/1.1, or HTTP/2 when the client starts with its preface (h2c by prior
+    // knowledge, or after ALPN picked `h2` on the TLS listener).
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
         .timer(TokioTimer::new())
-        .title_case_headers(true)
-        .serve_connection(TokioIo::new(stream), service);
+        .title_case_headers(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
     let grace = tokio::time::sleep(Duration::MAX);
     tokio::pin!(grace);
     let mut draining = false;
@@ -193,8 +213,11 @@ async fn serve_connection<S: Socket>(
                 let action = *abort.borrow();
                 match (changed, action) {
                     (Ok(()), Some(Abort::Reset)) => {
-                        let parts = conn.into_parts();
-                        if let Err(e) = parts.io.inner().tcp().set_zero_linger() {
+                        let zero = handle
+                            .as_ref()
+                            .map_err(|e| e.to_string())
+                            .and_then(|h| h.set_linger(Some(Duration::ZERO)).map_err(|e| e.to_string()));
+                        if let Err(e) = zero {
                             tracing::debug!(error = %e, "SO_LINGER 0 failed; plain close");
                         }
                         return;
@@ -205,7 +228,7 @@ async fn serve_connection<S: Socket>(
             }
             () = shutdown_requested(&mut shutdown), if !draining => {
                 draining = true;
-                std::pin::Pin::new(&mut conn).graceful_shutdown();
+                conn.as_mut().graceful_shutdown();
                 grace.as_mut().reset(tokio::time::Instant::now() + SHUTDOWN_GRACE);
             }
             () = &mut grace, if draining => return,

@@ -6,8 +6,9 @@
 //! real ones — idempotency keys, replays, 409/422, lookups — and that can be
 //! told to fail in the nasty ways real ones do (accept then time out, accept
 //! then reset, forget keys…), while counting, as ground truth, how many times
-//! each effect really happened. That is this crate: a real HTTP/1.1 server
-//! ([`spawn`]) plus a client for its control API ([`control::Client`]).
+//! each effect really happened. That is this crate: a real HTTP/1.1 and HTTP/2
+//! server ([`spawn`]; h2c by prior knowledge, ALPN `h2` on its TLS listener) plus a
+//! client for its control API ([`control::Client`]).
 //! See `docs/sandbox.md` for every endpoint.
 
 use std::net::SocketAddr;
@@ -114,8 +115,14 @@ impl Sandbox {
             .await
             .with_context(|| format!("binding {listen}"))?;
         let addr = listener.local_addr().context("reading the bound address")?;
+        // Offer HTTP/2 as well (ALPN), as real APIs do; a client that asks for neither
+        // gets HTTP/1.1.
+        let mut config = Arc::unwrap_or_clone(config);
+        if config.alpn_protocols.is_empty() {
+            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        }
         let tls = conn::TlsSide {
-            acceptor: tokio_rustls::TlsAcceptor::from(config),
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             state: self.state.clone(),
         };
         self.tls_tasks.push(tokio::spawn(conn::accept_loop(

@@ -189,6 +189,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod localstripe;
 pub mod mail;
+pub mod nginx;
 pub mod pgbouncer;
 pub mod private_broker;
 pub mod private_cluster;

@@ -19,14 +19,17 @@ const DEADLINE: Duration = Duration::from_secs(90);
 /// Marks the bearer token: it must never show up in a log.
 const TOKEN_MARKER: &str = "tok-MARKER-5b1e";
 
-fn temp_dir() -> PathBuf {
+pub(super) fn temp_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(unique_name("https"));
     std::fs::create_dir_all(&dir).expect("dir");
     dir
 }
 
 /// The built-in `bank` provider pointed at `base_url`, changed by `change`.
-fn bank(base_url: &str, change: impl FnOnce(&mut HttpProviderConfig)) -> Arc<dyn Provider> {
+pub(super) fn bank(
+    base_url: &str,
+    change: impl FnOnce(&mut HttpProviderConfig),
+) -> Arc<dyn Provider> {
     let mut config = Config::builtin().expect("built-in config");
     config.providers.retain(|name, _| name == "bank");
     let Some(ProviderConfig::Http(http)) = config.providers.get_mut("bank") else {
@@ -49,7 +52,7 @@ fn key(n: u8) -> IdempotencyKey {
     IdempotencyKey::parse(&format!("v1:{}", format!("{n:02x}").repeat(32))).expect("key")
 }
 
-fn payment(n: u8) -> Map<String, Value> {
+pub(super) fn payment(n: u8) -> Map<String, Value> {
     let Value::Object(map) = json!({
         "account_id": "acc-1", "amount_minor": 1000 + u32::from(n), "currency": "EUR",
         "business_reference": format!("inv-{n}")
@@ -59,28 +62,27 @@ fn payment(n: u8) -> Map<String, Value> {
     map
 }
 
+/// A payment call with `key` and `payload`.
+pub(super) fn payment_call<'a>(
+    key: &'a IdempotencyKey,
+    payload: &'a Map<String, Value>,
+) -> Call<'a> {
+    Call {
+        key,
+        action_type: "payment_order.create",
+        payload,
+        first_attempt_at: None,
+    }
+}
+
 async fn execute(provider: &dyn Provider, n: u8) -> Outcome {
     let (key, payload) = (key(n), payment(n));
-    provider
-        .execute(Call {
-            key: &key,
-            action_type: "payment_order.create",
-            payload: &payload,
-            first_attempt_at: None,
-        })
-        .await
+    provider.execute(payment_call(&key, &payload)).await
 }
 
 async fn lookup(provider: &dyn Provider, n: u8) -> Remote {
     let (key, payload) = (key(n), payment(n));
-    provider
-        .lookup(Call {
-            key: &key,
-            action_type: "payment_order.create",
-            payload: &payload,
-            first_attempt_at: None,
-        })
-        .await
+    provider.lookup(payment_call(&key, &payload)).await
 }
 
 /// A sandbox with a TLS listener presenting `validity`'s certificate for `names`.

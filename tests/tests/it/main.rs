@@ -8,6 +8,7 @@ mod dashboards;
 mod desk;
 mod failover;
 mod gateway;
+mod http2;
 mod https;
 mod journal;
 mod logs;

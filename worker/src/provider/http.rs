@@ -1,4 +1,7 @@
-//! The generic HTTP/JSON adapter: one configured `[providers.NAME]` reached over HTTP/1.
+//! The generic HTTP/JSON adapter: one configured `[providers.NAME]` reached over
+//! HTTP/1.1, or over HTTP/2 where its config says `http2 = true` (then every call in
+//! flight is a stream of one shared connection, so losing that connection turns all of
+//! them unknown at once — each is still classified by the rules below).
 //!
 //! Why it is careful about *where* a call failed: "the request never left" (connect
 //! refused, DNS, connect timeout) may be retried blindly, while "it may have been
@@ -91,7 +94,12 @@ impl HttpProvider {
             .map_err(|e| invalid("base_url", format!("not a URL: {e}")))?;
         let tls = match (base_uri.scheme_str(), base_uri.host()) {
             (Some("https"), Some(host)) => Some(
-                Tls::new(host, config.ca_file.as_deref().map(Path::new)).map_err(|e| {
+                if config.http2 {
+                    Tls::offering_h2(host, config.ca_file.as_deref().map(Path::new))
+                } else {
+                    Tls::new(host, config.ca_file.as_deref().map(Path::new))
+                }
+                .map_err(|e| {
                     let at = if config.ca_file.is_some() {
                         "ca_file"
                     } else {
@@ -124,10 +132,16 @@ impl HttpProvider {
             })?;
 
         let headers = super::credentials::resolve(name, config)?;
+        let tls_none = tls.is_none();
         let connector = Connector::new(tls, config.connect_timeout);
+        // HTTP/2 over TLS is chosen in the handshake (ALPN); without TLS only by prior
+        // knowledge, so `http://` with `http2` speaks nothing else.
+        let h2c = config.http2 && tls_none;
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .http2_only(h2c)
             .build(connector);
 
         let lookup = !config.lookup_path.is_empty() || !config.lookup_by_reference_path.is_empty();

@@ -50,16 +50,27 @@ impl Tls {
     /// TLS to `host`, trusting the CAs in `ca_file`, or the system's roots without one.
     /// Errors are for the operator: which file, what is wrong with it.
     pub(crate) fn new(host: &str, ca_file: Option<&Path>) -> Result<Self, String> {
+        Self::offering(host, ca_file, Vec::new())
+    }
+
+    /// [`Tls::new`], offering HTTP/2 in the handshake (ALPN `h2`, then `http/1.1`): the
+    /// provider picks, and hyper's client speaks what was picked.
+    pub(crate) fn offering_h2(host: &str, ca_file: Option<&Path>) -> Result<Self, String> {
+        Self::offering(host, ca_file, vec![b"h2".to_vec(), b"http/1.1".to_vec()])
+    }
+
+    fn offering(host: &str, ca_file: Option<&Path>, alpn: Vec<Vec<u8>>) -> Result<Self, String> {
         let roots = match ca_file {
             Some(path) => oncely_core::tls::roots_from_file(path)?,
             None => oncely_core::tls::system_roots()?,
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS setup failed: {e}"))?
             .with_root_certificates(roots)
             .with_no_client_auth();
+        config.alpn_protocols = alpn;
         // `[::1]` in a URL is `::1` in a certificate.
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let server_name = ServerName::try_from(bare.to_owned())

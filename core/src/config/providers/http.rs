@@ -99,6 +99,12 @@ pub struct HttpProviderConfig {
     /// Whole-request timeout (a timeout after connecting is "unknown").
     #[serde(default = "default_timeout", with = "human")]
     pub timeout: Duration,
+    /// HTTP/2: with `https://`, offer `h2` in the TLS handshake (ALPN) and use it when
+    /// the provider picks it, HTTP/1.1 otherwise; with `http://`, speak HTTP/2 from the
+    /// first byte (h2c, "prior knowledge": the provider must speak it). Every call in
+    /// flight then shares one connection instead of holding one each. Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub http2: bool,
     /// Whether the provider deduplicates by the idempotency key.
     #[serde(default = "default_true")]
     pub honours_key: bool,
@@ -203,6 +209,7 @@ impl HttpProviderConfig {
             rejected_values: default_rejected_values(),
             connect_timeout: default_connect_timeout(),
             timeout: default_timeout(),
+            http2: false,
             honours_key: default_true(),
             key_retention: None,
             absence_authoritative: false,
