@@ -90,7 +90,31 @@ impl PrivateBroker {
         Self::start_with(Some(tls)).await
     }
 
+    /// Ports are chosen free, then released for the node to bind a second or two later;
+    /// another test's process may take one in between (seen once: `eaddrinuse` on the
+    /// AMQP port, which then answered for the other process). Such a node is stopped
+    /// and a new one started on other ports, at most `PORT_ATTEMPTS` times.
     async fn start_with(tls: Option<BrokerTls<'_>>) -> PrivateBroker {
+        const PORT_ATTEMPTS: u32 = 3;
+        let mut attempt = 1;
+        loop {
+            let broker = Self::prepare(tls.as_ref());
+            match broker.try_boot().await {
+                Ok(()) => return broker,
+                Err(e) if attempt < PORT_ATTEMPTS && broker.lost_a_port().await => {
+                    eprintln!(
+                        "{e}\n{}: a port was taken meanwhile; again on others",
+                        broker.node
+                    );
+                    attempt += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// A new node's directory and config, on ports free right now.
+    fn prepare(tls: Option<&BrokerTls<'_>>) -> PrivateBroker {
         let name = unique_name("oncely_t");
         let node = format!("{name}@localhost");
         let dir = std::env::temp_dir().join(format!("{name}_rabbitmq"));
@@ -98,7 +122,7 @@ impl PrivateBroker {
         let [port, dist_port, tls_port] = free_ports::<3>();
         std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap_or_else(|e| panic!("{e}"));
         let mut conf = format!("listeners.tcp.default = 127.0.0.1:{port}\n");
-        if let Some(tls) = &tls {
+        if let Some(tls) = tls {
             let (cert, key) = tls.ca.server_pem(tls.names);
             let files = [
                 ("ca.pem", tls.ca.ca_pem()),
@@ -129,15 +153,31 @@ impl PrivateBroker {
             .status()
             .unwrap_or_else(|e| panic!("chown: {e}"));
         assert!(status.success(), "chown -R rabbitmq {}", dir.display());
-        let broker = PrivateBroker {
+        PrivateBroker {
             node,
             port,
             dist_port,
             tls_port: tls.map(|_| tls_port),
             dir,
-        };
-        broker.boot().await;
-        broker
+        }
+    }
+
+    /// Whether the node's log says (within `PORT_LOG_DEADLINE`) that one of its listeners
+    /// found its port taken. The other process's listener makes the AMQP port answer at
+    /// once, so `await_startup` may fail before the node has logged why.
+    async fn lost_a_port(&self) -> bool {
+        const PORT_LOG_DEADLINE: Duration = Duration::from_secs(30);
+        let log = self.dir.join("log").join(format!("{}.log", self.node));
+        let started = std::time::Instant::now();
+        loop {
+            if std::fs::read_to_string(&log).is_ok_and(|text| text.contains("eaddrinuse")) {
+                return true;
+            }
+            if started.elapsed() > PORT_LOG_DEADLINE {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The node's name (`rabbitmqctl -n <node>`).
@@ -300,6 +340,13 @@ impl PrivateBroker {
     /// Start the node (`rabbitmq-server -detached` with this node's environment) and
     /// wait until it has booted and accepts AMQP connections.
     pub async fn boot(&self) {
+        if let Err(e) = self.try_boot().await {
+            panic!("{e}");
+        }
+    }
+
+    /// [`Self::boot`], with a node that started but did not finish booting as an error.
+    async fn try_boot(&self) -> Result<(), String> {
         let status = self
             .server_env(Command::new("rabbitmq-server"))
             .arg("-detached")
@@ -325,12 +372,15 @@ impl PrivateBroker {
         )
         .await;
         let out = self.ctl(&["await_startup", "--timeout", "120"]).await;
-        assert!(
-            out.status.success(),
-            "await_startup on {}: {}",
-            self.node,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "await_startup on {}: {}",
+                self.node,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
     }
 
     fn pid_file(&self) -> PathBuf {
