@@ -220,7 +220,7 @@ pub async fn run(env: &FleetEnv, spec: FleetSpec, seq: usize) -> anyhow::Result<
 }
 
 /// Every worker's `prefetch` = `max_in_flight` for a claim batch of `c`, unless a flag
-/// says otherwise: twice the batch, so the next claim never waits for every call of
+/// says otherwise: twice the batch, so the next claim need not wait for every call of
 /// the one before to end (docs/performance.md "Claims in waves"; the worker's own
 /// defaults have the same ratio: 128 calls in flight, batches of 64).
 pub fn in_flight_for(c: u16) -> u16 {

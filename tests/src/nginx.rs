@@ -59,7 +59,66 @@ fn program() -> &'static str {
 
 impl Nginx {
     /// Start one with a certificate for `localhost` from `ca`.
+    ///
+    /// Its ports are chosen free and released for nginx to bind; another process may take
+    /// one in between. nginx then exits ("Address already in use"), and a new one is
+    /// started on other ports, at most `PORT_ATTEMPTS` times.
     pub async fn start(ca: &TestCa) -> Nginx {
+        const PORT_ATTEMPTS: u32 = 3;
+        let mut attempt = 1;
+        loop {
+            let mut me = Self::spawn(ca);
+            match me.started().await {
+                Ok(()) => return me,
+                Err(e) if attempt < PORT_ATTEMPTS && e.contains("Address already in use") => {
+                    eprintln!("{e}\nnginx: a port was taken meanwhile; again on others");
+                    attempt += 1;
+                }
+                Err(e) => panic!("nginx did not start ({}): {e}", me.dir.display()),
+            }
+        }
+    }
+
+    /// Waits until nginx has written its pid file — after it bound every listener — or
+    /// has exited (`Err`: what it logged).
+    async fn started(&mut self) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().map_err(|e| e.to_string())? {
+                let log = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+                return Err(format!(
+                    "{status}: {}{}",
+                    log("error.log"),
+                    log("stderr.log")
+                ));
+            }
+            if self.dir.join("nginx.pid").exists() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err("no pid file after 30 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for base in [&self.tls_h2, &self.tls_h1, &self.h2c, &self.plain_h1] {
+            let port = port_of(base);
+            eventually(
+                &format!("nginx to listen on {port} ({})", self.dir.display()),
+                Duration::from_secs(30),
+                || async move {
+                    tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .ok()
+                        .map(|_| ())
+                },
+            )
+            .await;
+        }
+        Ok(())
+    }
+
+    /// A new nginx on ports free right now.
+    fn spawn(ca: &TestCa) -> Nginx {
         let dir = std::env::temp_dir().join(unique_name("nginx"));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let (cert, key) = ca.server_pem(&["localhost"]);
@@ -101,38 +160,20 @@ impl Nginx {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("nginx (Debian package nginx-light): {e}"));
-        let me = Nginx {
+        Nginx {
             child,
             tls_h2: format!("https://localhost:{}", ports[0]),
             tls_h1: format!("https://localhost:{}", ports[1]),
             h2c: format!("http://127.0.0.1:{}", ports[2]),
             plain_h1: format!("http://127.0.0.1:{}", ports[3]),
             dir,
-        };
-        for port in ports {
-            eventually(
-                &format!("nginx to listen on {port} ({})", me.dir.display()),
-                Duration::from_secs(30),
-                || async move {
-                    tokio::net::TcpStream::connect(("127.0.0.1", port))
-                        .await
-                        .ok()
-                        .map(|_| ())
-                },
-            )
-            .await;
         }
-        me
     }
 
     /// Every request the listener of `base_url` logged so far (nginx writes a line when
     /// it has answered).
     pub fn requests(&self, base_url: &str) -> Vec<Logged> {
-        let port: u16 = base_url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("a port in {base_url}"));
+        let port = port_of(base_url);
         let text = std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default();
         text.lines()
             .map(|line| {
@@ -150,6 +191,15 @@ impl Nginx {
             .filter(|l| l.port == port)
             .collect()
     }
+}
+
+/// The port at the end of `base_url`.
+fn port_of(base_url: &str) -> u16 {
+    base_url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("a port in {base_url}"))
 }
 
 impl Drop for Nginx {
