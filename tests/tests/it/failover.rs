@@ -41,6 +41,16 @@ async fn a_failover_loses_no_acknowledged_intent_and_runs_each_once() {
         .map(|_| fleet.spawn_with_env(&["run"], &env))
         .collect();
     procs.push(fleet.spawn_with_env(&["reconcile"], &env));
+    // Every process is on the old primary before it fails (one that started later would
+    // only ever see the new one, and have no failover to follow).
+    for (i, p) in procs.iter().enumerate() {
+        eventually(&format!("process {i} on the primary"), DEADLINE, || async {
+            p.logs()
+                .contains("Postgres: connected to the primary")
+                .then_some(())
+        })
+        .await;
+    }
     let mut config = fleet.producer_config();
     config.database_url = multi.clone();
     let producer = Producer::connect(&config, secret())

@@ -11,10 +11,12 @@ use super::https::{bank, payment, payment_call, temp_dir};
 use futures_util::future::join_all;
 use oncely_core::IdempotencyKey;
 use oncely_sandbox::{FaultMode, FaultRule, Faults};
+use oncely_tests::eventually;
 use oncely_tests::nginx::{Logged, Nginx};
 use oncely_tests::tls::{TestCa, Validity};
 use oncely_worker::provider::{Outcome, Provider, Remote};
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 /// Calls made at once in the shared-connection checks.
 const AT_ONCE: u8 = 24;
@@ -49,6 +51,20 @@ fn seen(log: &[Logged], run: u8) -> (BTreeSet<String>, usize, usize) {
     (protocols, connections.len(), ours.len())
 }
 
+/// [`seen`] on `base`'s listener once nginx has logged all `AT_ONCE` requests of `run`:
+/// it writes a line after answering, so the last may come after the client has its answer.
+async fn logged(nginx: &Nginx, base: &str, run: u8) -> (BTreeSet<String>, usize, usize) {
+    eventually(
+        &format!("nginx to log {AT_ONCE} requests of run {run}"),
+        Duration::from_secs(10),
+        || async {
+            let seen = seen(&nginx.requests(base), run);
+            (seen.2 >= AT_ONCE.into()).then_some(seen)
+        },
+    )
+    .await
+}
+
 fn set(protocol: &str) -> BTreeSet<String> {
     BTreeSet::from([protocol.to_owned()])
 }
@@ -67,19 +83,18 @@ async fn over_tls_the_switch_picks_http2_in_the_handshake_and_calls_share_one_co
     });
     let outcomes = at_once(h2.as_ref(), 1).await;
     assert!(succeeded(&outcomes), "{outcomes:?}");
-    let log = nginx.requests(&nginx.tls_h2);
     assert_eq!(
-        seen(&log, 1),
-        (set("HTTP/2.0"), 1, AT_ONCE.into()),
-        "{log:?}"
+        logged(&nginx, &nginx.tls_h2, 1).await,
+        (set("HTTP/2.0"), 1, AT_ONCE.into())
     );
+    let log = nginx.requests(&nginx.tls_h2);
     assert!(log.iter().all(|l| l.method == "POST"), "{log:?}");
 
     // The same server without the switch: HTTP/1.1, a connection per call in flight.
     let h1 = bank(&nginx.tls_h2, |p| p.ca_file = ca_file.clone());
     let outcomes = at_once(h1.as_ref(), 2).await;
     assert!(succeeded(&outcomes), "{outcomes:?}");
-    let (protocols, connections, requests) = seen(&nginx.requests(&nginx.tls_h2), 2);
+    let (protocols, connections, requests) = logged(&nginx, &nginx.tls_h2, 2).await;
     assert_eq!((protocols, requests), (set("HTTP/1.1"), AT_ONCE.into()));
     assert!(
         connections > 1,
@@ -93,7 +108,7 @@ async fn over_tls_the_switch_picks_http2_in_the_handshake_and_calls_share_one_co
     });
     let outcomes = at_once(fallback.as_ref(), 3).await;
     assert!(succeeded(&outcomes), "{outcomes:?}");
-    let (protocols, _, requests) = seen(&nginx.requests(&nginx.tls_h1), 3);
+    let (protocols, _, requests) = logged(&nginx, &nginx.tls_h1, 3).await;
     assert_eq!((protocols, requests), (set("HTTP/1.1"), AT_ONCE.into()));
 }
 
@@ -106,11 +121,9 @@ async fn without_tls_the_switch_speaks_h2c_and_an_http1_server_gets_no_request()
     let h2c = bank(&nginx.h2c, |p| p.http2 = true);
     let outcomes = at_once(h2c.as_ref(), 4).await;
     assert!(succeeded(&outcomes), "{outcomes:?}");
-    let log = nginx.requests(&nginx.h2c);
     assert_eq!(
-        seen(&log, 4),
-        (set("HTTP/2.0"), 1, AT_ONCE.into()),
-        "{log:?}"
+        logged(&nginx, &nginx.h2c, 4).await,
+        (set("HTTP/2.0"), 1, AT_ONCE.into())
     );
 
     // HTTP/2 by prior knowledge to a server that speaks HTTP/1.1 only: nginx never reads
