@@ -165,7 +165,19 @@ impl Drop for TestDb {
 
 /// Poll `check` every 20 ms until it returns `Some`, or panic after `deadline` with
 /// `what` — the way tests wait for something, instead of sleeping.
-pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    within(deadline, check)
+        .await
+        .unwrap_or_else(|| panic!("timed out after {deadline:?} waiting for {what}"))
+}
+
+/// Poll `check` every 20 ms until it returns `Some`; `None` once `deadline` has passed
+/// (for a caller that has something else to do then).
+pub async fn within<T, F, Fut>(deadline: Duration, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -173,14 +185,46 @@ where
     let start = Instant::now();
     loop {
         if let Some(v) = check().await {
-            return v;
+            return Some(v);
         }
-        assert!(
-            start.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for {what}"
-        );
+        if start.elapsed() >= deadline {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Why one start of a server on ports chosen free did not come up.
+#[derive(Debug)]
+pub enum StartFailed {
+    /// Another process bound one of its ports between the choice and the server's bind.
+    PortTaken(String),
+    /// Anything else (fatal).
+    Other(String),
+}
+
+/// Start a server on ports chosen free and released for it to bind a moment later:
+/// `start` makes one attempt on new ports. Another test's process may take a port in
+/// between (seen in CI with a private RabbitMQ node and with nginx); such an attempt is
+/// made again on other ports, at most three times. Panics on any other failure.
+pub async fn on_free_ports<T, F, Fut>(what: &str, mut start: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StartFailed>>,
+{
+    const ATTEMPTS: u32 = 3;
+    for attempt in 1.. {
+        match start().await {
+            Ok(started) => return started,
+            Err(StartFailed::PortTaken(e)) if attempt < ATTEMPTS => {
+                eprintln!("{e}\n{what}: a port was taken meanwhile; again on others");
+            }
+            Err(StartFailed::PortTaken(e) | StartFailed::Other(e)) => {
+                panic!("{what} did not start: {e}")
+            }
+        }
+    }
+    unreachable!("the attempts end in a return or a panic")
 }
 
 pub mod chaos;

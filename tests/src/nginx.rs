@@ -1,17 +1,17 @@
-//! A private nginx standing in for a provider's HTTP front (Debian's `nginx-light`): a
+//! A private nginx standing in for a provider's HTTP front (Debian's `nginx`): a
 //! real HTTP/2 server, over TLS (ALPN `h2`) and without (h2c, prior knowledge), and the
 //! same over HTTP/1.1 only, so the HTTP adapter's `http2` switch is checked against a
 //! server that is not oncely's own.
 //!
 //! Every listener answers any request with `200 {"id": "po_<request id>", "status":
 //! "succeeded"}` (the built-in `bank` provider's mapping reads that as succeeded) and
-//! logs one line per request to `access.log`: the listener's port, the protocol (`HTTP/2.0`, `HTTP/1.1`), the
-//! connection's serial number, the method, the path and the idempotency-key header — what
-//! the tests assert on. One process (`master_process off`, in the foreground), its own
+//! logs one line per request to `access.log`: the listener's port, the protocol
+//! (`HTTP/2.0`, `HTTP/1.1`), the connection's serial number, the method, the path and the
+//! idempotency-key header — what the tests assert on. One process (`master_process off`, in the foreground), its own
 //! directory and free ports; dropping it kills it.
 
 use crate::tls::TestCa;
-use crate::{eventually, free_port, unique_name};
+use crate::{StartFailed, eventually, free_port, on_free_ports, unique_name, within};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -60,46 +60,39 @@ fn program() -> &'static str {
 impl Nginx {
     /// Start one with a certificate for `localhost` from `ca`.
     ///
-    /// Its ports are chosen free and released for nginx to bind; another process may take
-    /// one in between. nginx then exits ("Address already in use"), and a new one is
-    /// started on other ports, at most `PORT_ATTEMPTS` times.
+    /// Its ports are chosen free and released for nginx to bind ([`on_free_ports`]: when
+    /// one was taken, nginx exits "Address already in use", and a new one is started).
     pub async fn start(ca: &TestCa) -> Nginx {
-        const PORT_ATTEMPTS: u32 = 3;
-        let mut attempt = 1;
-        loop {
+        on_free_ports("nginx", || async {
             let mut me = Self::spawn(ca);
             match me.started().await {
-                Ok(()) => return me,
-                Err(e) if attempt < PORT_ATTEMPTS && e.contains("Address already in use") => {
-                    eprintln!("{e}\nnginx: a port was taken meanwhile; again on others");
-                    attempt += 1;
-                }
-                Err(e) => panic!("nginx did not start ({}): {e}", me.dir.display()),
+                Ok(()) => Ok(me),
+                Err(e) if e.contains("Address already in use") => Err(StartFailed::PortTaken(e)),
+                Err(e) => Err(StartFailed::Other(format!("{e} ({})", me.dir.display()))),
             }
-        }
+        })
+        .await
     }
 
     /// Waits until nginx has written its pid file — after it bound every listener — or
     /// has exited (`Err`: what it logged).
     async fn started(&mut self) -> Result<(), String> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().map_err(|e| e.to_string())? {
-                let log = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
-                return Err(format!(
-                    "{status}: {}{}",
-                    log("error.log"),
-                    log("stderr.log")
-                ));
-            }
-            if self.dir.join("nginx.pid").exists() {
-                break;
-            }
-            if std::time::Instant::now() > deadline {
-                return Err("no pid file after 30 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (child, dir) = (&mut self.child, &self.dir);
+        let came_up = within(Duration::from_secs(30), || {
+            let up = match child.try_wait() {
+                Err(e) => Some(Err(e.to_string())),
+                Ok(Some(status)) => {
+                    let log = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+                    let logs = format!("{}{}", log("error.log"), log("stderr.log"));
+                    Some(Err(format!("{status}: {logs}")))
+                }
+                Ok(None) => dir.join("nginx.pid").exists().then_some(Ok(())),
+            };
+            std::future::ready(up)
+        });
+        came_up
+            .await
+            .unwrap_or(Err("no pid file after 30 s".into()))?;
         for base in [&self.tls_h2, &self.tls_h1, &self.h2c, &self.plain_h1] {
             let port = port_of(base);
             eventually(
@@ -159,7 +152,7 @@ impl Nginx {
             .stdout(log.try_clone().unwrap_or_else(|e| panic!("{e}")))
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("nginx (Debian package nginx-light): {e}"));
+            .unwrap_or_else(|e| panic!("nginx (Debian package nginx): {e}"));
         Nginx {
             child,
             tls_h2: format!("https://localhost:{}", ports[0]),

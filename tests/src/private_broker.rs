@@ -33,7 +33,7 @@
 //! files live in the node's directory, owned by `rabbitmq` like the rest.
 
 use crate::tls::TestCa;
-use crate::{eventually, unique_name};
+use crate::{StartFailed, eventually, on_free_ports, unique_name, within};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command as StdCommand;
@@ -90,27 +90,21 @@ impl PrivateBroker {
         Self::start_with(Some(tls)).await
     }
 
-    /// Ports are chosen free, then released for the node to bind a second or two later;
-    /// another test's process may take one in between (seen once: `eaddrinuse` on the
-    /// AMQP port, which then answered for the other process). Such a node is stopped
-    /// and a new one started on other ports, at most `PORT_ATTEMPTS` times.
+    /// Ports are chosen free, then released for the node to bind a second or two later
+    /// ([`on_free_ports`]: a node that lost one is stopped, and one started on others).
     async fn start_with(tls: Option<BrokerTls<'_>>) -> PrivateBroker {
-        const PORT_ATTEMPTS: u32 = 3;
-        let mut attempt = 1;
-        loop {
-            let broker = Self::prepare(tls.as_ref());
+        let tls = tls.as_ref();
+        on_free_ports("a private RabbitMQ node", || async move {
+            let broker = Self::prepare(tls);
             match broker.try_boot().await {
-                Ok(()) => return broker,
-                Err(e) if attempt < PORT_ATTEMPTS && broker.lost_a_port().await => {
-                    eprintln!(
-                        "{e}\n{}: a port was taken meanwhile; again on others",
-                        broker.node
-                    );
-                    attempt += 1;
+                Ok(()) => Ok(broker),
+                Err(e) if broker.lost_a_port().await => {
+                    Err(StartFailed::PortTaken(format!("{e} ({})", broker.node)))
                 }
-                Err(e) => panic!("{e}"),
+                Err(e) => Err(StartFailed::Other(e)),
             }
-        }
+        })
+        .await
     }
 
     /// A new node's directory and config, on ports free right now.
@@ -162,22 +156,17 @@ impl PrivateBroker {
         }
     }
 
-    /// Whether the node's log says (within `PORT_LOG_DEADLINE`) that one of its listeners
-    /// found its port taken. The other process's listener makes the AMQP port answer at
-    /// once, so `await_startup` may fail before the node has logged why.
+    /// Whether the node's log says (within 30 s) that one of its listeners found its port
+    /// taken. The other process's listener makes the AMQP port answer at once, so
+    /// `await_startup` may fail before the node has logged why.
     async fn lost_a_port(&self) -> bool {
-        const PORT_LOG_DEADLINE: Duration = Duration::from_secs(30);
         let log = self.dir.join("log").join(format!("{}.log", self.node));
-        let started = std::time::Instant::now();
-        loop {
-            if std::fs::read_to_string(&log).is_ok_and(|text| text.contains("eaddrinuse")) {
-                return true;
-            }
-            if started.elapsed() > PORT_LOG_DEADLINE {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        within(Duration::from_secs(30), || {
+            let seen = std::fs::read_to_string(&log).is_ok_and(|t| t.contains("eaddrinuse"));
+            std::future::ready(seen.then_some(()))
+        })
+        .await
+        .is_some()
     }
 
     /// The node's name (`rabbitmqctl -n <node>`).
