@@ -9,7 +9,7 @@
 //! sends it at connect, and pgbouncer refuses startup parameters it does not track.
 //! Authentication is `trust` (users named in its `auth_file`). Dropping it kills it.
 
-use crate::{eventually, free_port, unique_name};
+use crate::{StartFailed, free_port, on_free_ports, unique_name, within};
 use sqlx::Connection;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -44,7 +44,22 @@ impl Pgbouncer {
     /// Start one in front of the Postgres server of `server_url` (host and port taken
     /// from it), pooling each (database, user) pair into at most `pool_size` server
     /// connections; `users` may log in (trust).
+    ///
+    /// Its port is chosen free and released for pgbouncer to bind ([`on_free_ports`]: one
+    /// that another process took meanwhile makes pgbouncer exit "Address already in use",
+    /// and a new one is started on another).
     pub async fn start(server_url: &str, pool_size: u32, users: &[&str]) -> Pgbouncer {
+        on_free_ports("pgbouncer", || {
+            Self::try_start(server_url, pool_size, users)
+        })
+        .await
+    }
+
+    async fn try_start(
+        server_url: &str,
+        pool_size: u32,
+        users: &[&str],
+    ) -> Result<Pgbouncer, StartFailed> {
         let server = url::Url::parse(server_url).unwrap_or_else(|e| panic!("{server_url}: {e}"));
         let (host, pg_port) = (
             server.host_str().unwrap_or("127.0.0.1").to_owned(),
@@ -97,24 +112,38 @@ impl Pgbouncer {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("pgbouncer (Debian package pgbouncer): {e}"));
-        let me = Pgbouncer { child, port, dir };
+        let mut me = Pgbouncer { child, port, dir };
         let probe = me.url_for(&oncely_core::db::database_url(server_url, "postgres"));
-        eventually(
-            "pgbouncer to accept connections",
-            Duration::from_secs(30),
-            || {
-                let probe = probe.clone();
-                async move {
-                    let mut c = sqlx::postgres::PgConnection::connect(&probe).await.ok()?;
-                    sqlx::Executor::execute(&mut c, "SELECT 1")
-                        .await
-                        .ok()
-                        .map(|_| ())
+        let child = &mut me.child;
+        let came_up = within(Duration::from_secs(30), || {
+            let exited = child.try_wait().ok().flatten();
+            let probe = probe.clone();
+            async move {
+                if let Some(status) = exited {
+                    return Some(Err(status));
                 }
-            },
-        )
-        .await;
-        me
+                // Bounded: a port another process took may accept and never answer.
+                let answered = tokio::time::timeout(Duration::from_secs(2), async {
+                    let mut c = sqlx::postgres::PgConnection::connect(&probe).await.ok()?;
+                    sqlx::Executor::execute(&mut c, "SELECT 1").await.ok()
+                });
+                answered.await.ok().flatten().map(|_| Ok(()))
+            }
+        });
+        let logged = |me: &Pgbouncer| {
+            std::fs::read_to_string(me.dir.join("pgbouncer.log")).unwrap_or_default()
+        };
+        match came_up.await {
+            Some(Ok(())) => Ok(me),
+            Some(Err(status)) if logged(&me).contains("Address already in use") => Err(
+                StartFailed::PortTaken(format!("pgbouncer: {status}: {}", logged(&me))),
+            ),
+            Some(Err(status)) => Err(StartFailed::Other(format!("{status}: {}", logged(&me)))),
+            None => Err(StartFailed::Other(format!(
+                "no connection through it after 30 s: {}",
+                logged(&me)
+            ))),
+        }
     }
 
     /// Its port.

@@ -13,7 +13,7 @@
 //! failed).
 
 use crate::tls::TestCa;
-use crate::unique_name;
+use crate::{StartFailed, on_free_ports, unique_name};
 use std::path::{Path, PathBuf};
 use std::process::Command as StdCommand;
 use tokio::process::Command;
@@ -112,26 +112,15 @@ impl PrivatePg {
                 .arg(primary.port.to_string()),
         )
         .await;
-        let port = crate::free_port();
         let mut conf = std::fs::read_to_string(data.join("postgresql.conf"))
             .unwrap_or_else(|e| panic!("postgresql.conf: {e}"));
         conf.push_str(&format!(
-            "\n# oncely test replica\nport = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n",
+            "\n# oncely test replica\nunix_socket_directories = '{}'\nhot_standby = on\n",
             dir.display()
         ));
         std::fs::write(data.join("postgresql.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
         chown_postgres(&dir);
-        let replica = PrivatePg { dir, port };
-        check(
-            "pg_ctl start (replica)",
-            run_as_postgres("pg_ctl")
-                .arg("-D")
-                .arg(&data)
-                .arg("-l")
-                .arg(replica.log())
-                .args(["-w", "-t", "120", "start"]),
-        )
-        .await;
+        let replica = Self::start_on_a_free_port(dir, "a private Postgres replica").await;
         // Synchronous from now on (postgresql.auto.conf of the primary only: a promoted
         // replica must not wait for a standby it does not have).
         let mut c =
@@ -224,7 +213,6 @@ impl PrivatePg {
             ]),
         )
         .await;
-        let port = crate::free_port();
         let (ssl, hba) = match tls {
             PgTls::Off => (
                 "ssl = off\n".to_owned(),
@@ -252,7 +240,7 @@ impl PrivatePg {
             }
         };
         let conf = format!(
-            "\n# oncely test cluster\nlisten_addresses = '127.0.0.1'\nport = {port}\n\
+            "\n# oncely test cluster\nlisten_addresses = '127.0.0.1'\n\
              unix_socket_directories = '{dir}'\nmax_connections = 200\nshared_buffers = 16MB\n\
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n{ssl}",
             dir = dir.display()
@@ -273,18 +261,52 @@ impl PrivatePg {
             )
             .unwrap_or_else(|e| panic!("{e}"));
         }
-        let pg = PrivatePg { dir, port };
-        check(
-            "pg_ctl start",
-            run_as_postgres("pg_ctl")
+        Self::start_on_a_free_port(dir, "a private Postgres").await
+    }
+
+    /// Start the cluster in `dir` on a port chosen free ([`on_free_ports`]): each attempt
+    /// appends its `port` to postgresql.conf (the last setting wins); one whose port
+    /// another process took meanwhile ("Address already in use" in the server's log) is
+    /// made again on another.
+    async fn start_on_a_free_port(dir: PathBuf, what: &str) -> PrivatePg {
+        let data = dir.join("data");
+        let log = dir.join("server.log");
+        let port = on_free_ports(what, || async {
+            let port = crate::free_port();
+            let conf_file = data.join("postgresql.conf");
+            let mut conf = std::fs::read_to_string(&conf_file)
+                .unwrap_or_else(|e| panic!("postgresql.conf: {e}"));
+            conf.push_str(&format!("port = {port}\n"));
+            std::fs::write(&conf_file, conf).unwrap_or_else(|e| panic!("{e}"));
+            let logged_before = std::fs::read_to_string(&log).map_or(0, |t| t.len());
+            let out = run_as_postgres("pg_ctl")
                 .arg("-D")
                 .arg(&data)
                 .arg("-l")
-                .arg(pg.log())
-                .args(["-w", "-t", "120", "start"]),
-        )
+                .arg(&log)
+                .args(["-w", "-t", "120", "start"])
+                .output()
+                .await
+                .unwrap_or_else(|e| panic!("pg_ctl start: {e}"));
+            if out.status.success() {
+                return Ok(port);
+            }
+            let logged = std::fs::read_to_string(&log).unwrap_or_default();
+            let logged = logged.get(logged_before..).unwrap_or_default();
+            let text = format!(
+                "pg_ctl start: {}\n{}{}{logged}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if logged.contains("Address already in use") {
+                Err(StartFailed::PortTaken(text))
+            } else {
+                Err(StartFailed::Other(text))
+            }
+        })
         .await;
-        pg
+        PrivatePg { dir, port }
     }
 
     /// Its port on 127.0.0.1.
