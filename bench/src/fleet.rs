@@ -164,10 +164,10 @@ impl FleetResult {
 
 /// A spawned worker.
 #[derive(Debug)]
-struct Worker {
-    child: Child,
-    pid: u32,
-    log: PathBuf,
+pub(crate) struct Worker {
+    pub(crate) child: Child,
+    pub(crate) pid: u32,
+    pub(crate) log: PathBuf,
 }
 
 /// What a run created, torn down whatever happened.
@@ -230,7 +230,7 @@ pub fn in_flight_for(c: u16) -> u16 {
 /// The config every worker of a run reads: the built-in one (the structure of the
 /// tests' fleet) pointed at this run, with the run's concurrency (and `in_flight` calls
 /// per worker, when given).
-fn fleet_config(
+pub(crate) fn fleet_config(
     env: &FleetEnv,
     in_flight: Option<u16>,
     db_url: &str,
@@ -568,7 +568,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// (docs/performance.md "One agent set the pace"). Full load means a backlog, so at full
 /// speed `agents` tasks each take the next chunk when their last one is confirmed, as a
 /// fleet of agents would.
-async fn enqueue(
+pub(crate) async fn enqueue(
     producer: Arc<Producer>,
     intents: Vec<Intent>,
     pace: Option<f64>,
@@ -632,7 +632,7 @@ async fn enqueue_chunk(producer: &Producer, chunk: Vec<Intent>) -> anyhow::Resul
 }
 
 /// Start `oncely-worker --config FILE run`, its stderr in a log file.
-fn spawn(env: &FleetEnv, config: &Path, dir: &Path, i: usize) -> anyhow::Result<Worker> {
+pub(crate) fn spawn(env: &FleetEnv, config: &Path, dir: &Path, i: usize) -> anyhow::Result<Worker> {
     spawn_program(
         env,
         &env.worker_bin,
@@ -643,7 +643,7 @@ fn spawn(env: &FleetEnv, config: &Path, dir: &Path, i: usize) -> anyhow::Result<
 }
 
 /// Start `PROGRAM --config FILE ARGS…`, its stderr in `log`.
-fn spawn_program(
+pub(crate) fn spawn_program(
     env: &FleetEnv,
     program: &Path,
     config: &Path,
@@ -677,7 +677,7 @@ fn spawn_program(
 }
 
 /// Wait until every action queue has `workers` consumers.
-async fn wait_consuming(
+pub(crate) async fn wait_consuming(
     channel: &lapin::Channel,
     topo: &Topology,
     workers: usize,
@@ -719,7 +719,7 @@ async fn wait_consuming(
 }
 
 /// SIGTERM, wait for a graceful exit, SIGKILL after 30 s.
-async fn stop(mut w: Worker) {
+pub(crate) async fn stop(mut w: Worker) {
     sys::signal(w.pid, "TERM");
     if tokio::time::timeout(Duration::from_secs(30), w.child.wait())
         .await
@@ -735,7 +735,7 @@ async fn stop(mut w: Worker) {
 }
 
 /// `status=count, …` of the journal.
-async fn statuses(journal: &Journal) -> String {
+pub(crate) async fn statuses(journal: &Journal) -> String {
     let rows = journal.count_by_status().await.unwrap_or_default();
     rows.iter()
         .map(|(s, c)| format!("{s}={c}"))
@@ -744,7 +744,7 @@ async fn statuses(journal: &Journal) -> String {
 }
 
 /// The last lines of a log.
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")

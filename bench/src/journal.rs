@@ -91,7 +91,7 @@ impl SchemaPart {
         const IDENTITY: [&str; 1] = ["DROP INDEX agent_operations_identity_idx"];
         const SWEEPER: [&str; 2] = [
             "DROP INDEX agent_operations_planned_idx",
-            "DROP INDEX agent_operations_live_idx",
+            "DROP INDEX agent_operations_clocks_idx",
         ];
         const ALL: [&str; 5] = [EVENTS[0], EVENTS[1], IDENTITY[0], SWEEPER[0], SWEEPER[1]];
         match self {

@@ -27,6 +27,7 @@ pub mod journal;
 pub mod report;
 pub mod scale;
 pub mod sys;
+pub mod throttle;
 
 use fleet::{FleetEnv, FleetResult, FleetSpec};
 use intents::{ACTIONS, Workload};
@@ -189,6 +190,16 @@ pub struct BenchArgs {
     /// never runs without them.
     #[arg(long, value_name = "ROUNDS", conflicts_with_all = ["journal_rows", "filled_journal", "dead_entries"])]
     pub floor_parts: Option<u32>,
+    /// Instead of the usual table: N `email.send` actions at once to a mail provider that
+    /// allows --throttle-limit requests/s and answers 429 with Retry-After above it, for
+    /// each --workers count, with the limit configured and from the 429s alone: drain time
+    /// against N / limit, 429s, duplicates, CPU per action (docs/performance.md, "Rate
+    /// limits").
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), conflicts_with_all = ["journal_rows", "filled_journal", "dead_entries", "floor_parts"])]
+    pub throttled: Option<u64>,
+    /// With --throttled: the provider's limit (requests/s).
+    #[arg(long, value_name = "RATE", default_value_t = 200.0)]
+    pub throttle_limit: f64,
     /// Also print the figures as JSON (after the table).
     #[arg(long)]
     pub json: bool,
@@ -363,6 +374,9 @@ pub fn worker_binary() -> anyhow::Result<PathBuf> {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if !args.dead_entries.is_empty() {
         return dead_entries(&args).await;
+    }
+    if let Some(n) = args.throttled {
+        return throttled(&args, n).await;
     }
     if let Some(rounds) = args.floor_parts {
         return floor_parts(&args, rounds).await;
@@ -820,6 +834,59 @@ async fn scratch_database<T>(
 }
 
 /// `--floor-parts`: the journal floor with parts of the schema removed, in turn.
+/// `--throttled N`: the rate-limited provider's table ([`throttle`]).
+async fn throttled(args: &BenchArgs, n: u64) -> anyhow::Result<()> {
+    let s = args.settings();
+    let machine = sys::Machine::read();
+    let run_id = format!("{}_{}", std::process::id(), chrono::Utc::now().timestamp());
+    let worker_bin = worker_binary()?;
+    let env = FleetEnv {
+        server_url: args.database_url.clone(),
+        amqp_url: args.amqp_url.clone(),
+        amqp_urls: args.amqp_urls.clone(),
+        concurrency: s.concurrency,
+        workload: Workload::natural(),
+        intents: usize::try_from(n)?,
+        secret: format!("oncely-bench-secret-{run_id}"),
+        gateway_bin: worker_bin.with_file_name("oncely-gateway"),
+        worker_bin,
+        run_id,
+        journal_db: None,
+        first_intent: 0,
+        time_sweeps: false,
+        linger: std::time::Duration::from_millis(args.linger_ms),
+        outcome_events: !args.no_outcome_events,
+        agents: args.agents.into(),
+        worker_batch: args.worker_batch,
+        worker_in_flight: args.worker_in_flight,
+        provider_http2: args.provider_http2,
+    };
+    let spec = throttle::ThrottledSpec {
+        intents: env.intents,
+        limit: args.throttle_limit,
+        workers: s.workers.clone(),
+    };
+    let rows = throttle::run(&env, &spec).await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(e) => {
+            cleanup_all(&args.database_url, &args.amqp_url).await;
+            return Err(e);
+        }
+    };
+    println!("oncely-bench — a burst to a rate-limited provider");
+    println!(
+        "command:  {}",
+        std::env::args().collect::<Vec<_>>().join(" ")
+    );
+    println!("machine:  {}", machine.describe());
+    throttle::print(&rows);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    Ok(())
+}
+
 async fn floor_parts(args: &BenchArgs, rounds: u32) -> anyhow::Result<()> {
     use std::fmt::Write as _;
     let s = args.settings();

@@ -119,7 +119,7 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
     assert_eq!(gauges.scan, "live gauges");
     assert!(
         gauges.plan.contains("agent_operations_planned_idx")
-            && gauges.plan.contains("agent_operations_live_idx")
+            && gauges.plan.contains("agent_operations_clocks_idx")
             && !gauges.plan.contains("Seq Scan"),
         "the live gauges count on the live rows' indexes only: {gauges:?}"
     );
@@ -158,8 +158,8 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
     assert_eq!(
         names,
         [
+            "agent_operations_clocks_idx",
             "agent_operations_identity_idx",
-            "agent_operations_live_idx",
             "agent_operations_pkey",
             "agent_operations_planned_idx"
         ]

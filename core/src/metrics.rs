@@ -64,6 +64,28 @@ pub const CONNECTIONS: &str = "oncely_connections_total";
 /// (a quorum queue whose leader is lost, docs/operations.md), by `queue`.
 pub const QUEUE_UNUSABLE: &str = "oncely_queue_unusable_total";
 
+/// Throttled answers from providers (429, 503 with `Retry-After`, SMTP 421/45x), by
+/// `provider` and `code`: nothing was sent, the attempt was deferred.
+pub const PROVIDER_THROTTLES: &str = "oncely_provider_throttles_total";
+/// Operations moved to `deferred`, by `provider` and `reason` (`throttled`: the provider
+/// said so; `no_budget`: the fleet's budget had no slot for it within the horizon).
+pub const DEFERRALS: &str = "oncely_deferrals_total";
+/// Deferred operations given up after `max_defer` (`deferred_too_long`), by `action_type`.
+pub const DEFERRED_GIVEN_UP: &str = "oncely_deferred_given_up_total";
+/// The rate in force for a provider (requests/s across the fleet), by `provider`; absent
+/// while unlimited. Beside it, [`PROVIDER_RATE_CONFIGURED`].
+pub const PROVIDER_RATE: &str = "oncely_provider_rate_per_second";
+/// The configured rate of a provider (`[providers.NAME.rate_limit] per_second`).
+pub const PROVIDER_RATE_CONFIGURED: &str = "oncely_provider_rate_configured_per_second";
+/// Seconds a provider is still paused for (its `Retry-After`), by `provider`.
+pub const PROVIDER_PAUSED_SECONDS: &str = "oncely_provider_paused_seconds";
+/// Operations waiting in `deferred` (all providers), counted by the sweeper.
+pub const DEFERRED_BACKLOG: &str = "oncely_deferred_backlog";
+/// How long the oldest deferred operation has been waiting since it was first deferred.
+pub const DEFERRED_OLDEST_AGE: &str = "oncely_deferred_oldest_age_seconds";
+/// Time a won claim waited for its slot in the provider's budget before the call.
+pub const SLOT_WAIT_SECONDS: &str = "oncely_slot_wait_seconds";
+
 /// Gateway requests, by `route`, `method` and `status`.
 pub const GATEWAY_REQUESTS: &str = "oncely_gateway_requests_total";
 /// Gateway request latency, by `route` and `method`.
@@ -107,6 +129,17 @@ pub fn install(addr: Option<SocketAddr>) -> Result<(), String> {
         .map_err(|e| format!("cannot serve metrics on {addr:?}: {e}"))
 }
 
+/// The flow-control series of each provider, at 0 from the start (see [`init_series`]).
+pub fn init_provider_series(providers: &[&str]) {
+    use metrics::counter;
+    for &p in providers {
+        let p = p.to_owned();
+        for reason in ["throttled", "no_budget"] {
+            counter!(DEFERRALS, "provider" => p.clone(), "reason" => reason).increment(0);
+        }
+    }
+}
+
 /// Known label values, so counters exist (at 0) from the start: a rate over a series that
 /// appears only at its first increment misses that increment, and a dashboard panel or
 /// alert over a missing series shows "no data" instead of 0.
@@ -126,6 +159,7 @@ pub fn init_series(action_types: &[&str]) {
         "republished_retry",
         "unknown_rechecked",
         "review_rechecked",
+        "republished_deferred",
     ] {
         counter!(SWEEPER_ACTIONS, "action" => action).increment(0);
     }
@@ -141,12 +175,20 @@ pub fn init_series(action_types: &[&str]) {
             "conflict",
             "invalid",
             "requeued",
+            "deferred",
         ] {
             counter!(DELIVERIES, "action_type" => a.clone(), "verdict" => verdict).increment(0);
         }
-        for status in ["succeeded", "failed_final", "failed_retryable", "unknown"] {
+        for status in [
+            "succeeded",
+            "failed_final",
+            "failed_retryable",
+            "unknown",
+            "deferred",
+        ] {
             counter!(TRANSITIONS, "action_type" => a.clone(), "status" => status).increment(0);
         }
+        counter!(DEFERRED_GIVEN_UP, "action_type" => a.clone()).increment(0);
         for decision in [
             "found_succeeded",
             "found_rejected",

@@ -7,12 +7,19 @@
 //!                     │  │  └────▶ unknown ──▶ succeeded | failed_final | failed_retryable
 //!  (lease expired) ───┘  │            (reconcile or review; never straight back to executing)
 //!  (none) ──claim────────┘  (a message published without the SDK: the claim inserts the row)
+//!
+//! planned | failed_retryable | (none) ──no slot in the provider's budget──▶ deferred
+//! executing ──throttled (429, 503 + Retry-After, SMTP 421/45x: nothing sent)──▶ deferred
+//! deferred ──claim (when due)──▶ executing
+//! deferred ──max_defer passed──▶ failed_final (deferred_too_long)
 //! ```
 //!
 //! Who moves rows: the producer inserts `planned`; a worker's claim moves `planned` /
 //! due `failed_retryable` (or nothing) to `executing` and then commits the outcome; the
 //! sweeper moves `executing` with an expired lease to `unknown`; the reconciler and
-//! review move `unknown` on. [`transition`] is the only place that says which moves
+//! review move `unknown` on; a claim that finds no slot in the provider's budget, or a
+//! commit of a throttled answer, moves a row to `deferred`, and the sweeper gives up on
+//! one whose patience (`max_defer`) ran out. [`transition`] is the only place that says which moves
 //! exist; the journal asks it before every write and the SQL compare-and-sets on the
 //! expected status and attempt. The database enforces the status set (CHECK) and the
 //! cross-column rules of each state (see `migrations/`).
@@ -37,17 +44,22 @@ pub enum Status {
     FailedFinal,
     /// The provider may or may not have acted. Only reconcile or review move it on.
     Unknown,
+    /// Not sent, waiting for the provider's budget: it throttled us (the attempt is not
+    /// spent) or the fleet had no slot for it. Claimed again once due; given up
+    /// (`failed_final`, `deferred_too_long`) by the sweeper after `max_defer`.
+    Deferred,
 }
 
 impl Status {
     /// Every status, in the order of the status machine.
-    pub const ALL: [Status; 6] = [
+    pub const ALL: [Status; 7] = [
         Status::Planned,
         Status::Executing,
         Status::Succeeded,
         Status::FailedRetryable,
         Status::FailedFinal,
         Status::Unknown,
+        Status::Deferred,
     ];
 
     /// The database spelling.
@@ -59,6 +71,7 @@ impl Status {
             Status::FailedRetryable => "failed_retryable",
             Status::FailedFinal => "failed_final",
             Status::Unknown => "unknown",
+            Status::Deferred => "deferred",
         }
     }
 
@@ -77,7 +90,7 @@ impl fmt::Display for Status {
 /// An unrecognised status string (from the database or a CLI flag).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown status {0:?}: expected one of planned, executing, succeeded, failed_retryable, failed_final, unknown"
+    "unknown status {0:?}: expected one of planned, executing, succeeded, failed_retryable, failed_final, unknown, deferred"
 )]
 pub struct ParseStatusError(pub String);
 
@@ -104,6 +117,10 @@ pub enum Move {
     ExpireLease,
     /// The reconciler or a person settles an unknown.
     Settle,
+    /// A claim finds no slot in the provider's budget: not sent, due later.
+    Defer,
+    /// The sweeper gives up on a deferred operation whose patience ran out.
+    GiveUp,
 }
 
 /// The transition table: `Some(kind)` when `from → to` exists (`from = None` is a new row).
@@ -111,8 +128,15 @@ pub const fn transition(from: Option<Status>, to: Status) -> Option<Move> {
     use Status::*;
     match (from, to) {
         (None, Planned) => Some(Move::Record),
-        (None | Some(Planned) | Some(FailedRetryable), Executing) => Some(Move::Claim),
-        (Some(Executing), Succeeded | FailedFinal | FailedRetryable) => Some(Move::Complete),
+        (None | Some(Planned) | Some(FailedRetryable) | Some(Deferred), Executing) => {
+            Some(Move::Claim)
+        }
+        (None | Some(Planned) | Some(FailedRetryable), Deferred) => Some(Move::Defer),
+        (Some(Deferred), FailedFinal) => Some(Move::GiveUp),
+        // A throttled answer (nothing sent) is a worker's verdict too.
+        (Some(Executing), Succeeded | FailedFinal | FailedRetryable | Deferred) => {
+            Some(Move::Complete)
+        }
         // Unknown is both a worker's verdict and the sweeper's: the kind is the caller's.
         (Some(Executing), Unknown) => Some(Move::Complete),
         (Some(Unknown), Succeeded | FailedFinal | FailedRetryable) => Some(Move::Settle),
@@ -151,6 +175,12 @@ mod tests {
             (Some(Unknown), Succeeded),
             (Some(Unknown), FailedFinal),
             (Some(Unknown), FailedRetryable),
+            (None, Deferred),
+            (Some(Planned), Deferred),
+            (Some(FailedRetryable), Deferred),
+            (Some(Executing), Deferred),
+            (Some(Deferred), Executing),
+            (Some(Deferred), FailedFinal),
         ];
         let froms = std::iter::once(None).chain(Status::ALL.into_iter().map(Some));
         for from in froms {
@@ -169,6 +199,10 @@ mod tests {
             assert!(transition(Some(FailedFinal), to).is_none());
         }
         assert!(transition(Some(Unknown), Executing).is_none());
+        // A deferred operation was never sent: it never becomes unknown or succeeded
+        // without a claim and a provider's answer.
+        assert!(transition(Some(Deferred), Unknown).is_none());
+        assert!(transition(Some(Deferred), Succeeded).is_none());
         assert!(transition(Some(Executing), Executing).is_none());
     }
 }

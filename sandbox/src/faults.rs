@@ -160,6 +160,30 @@ impl FaultRule {
     }
 }
 
+/// A provider that rate-limits (`rate_limits[]`): above `per_second` (with `burst` at
+/// once after a quiet spell) its requests — executes and lookups — are answered `429`
+/// with a `Retry-After` header and `{"error":"rate_limited"}`, and nothing is done.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitFault {
+    /// The provider limited (`None`: each provider, each with its own bucket).
+    #[serde(default)]
+    pub provider: Option<Provider>,
+    /// Requests per second allowed.
+    pub per_second: f64,
+    /// Requests allowed at once after a quiet spell (default 1).
+    #[serde(default = "default_burst")]
+    pub burst: u32,
+    /// The `Retry-After` answered, in seconds (default: until the next request would be
+    /// allowed, rounded up; at least 1).
+    #[serde(default)]
+    pub retry_after_s: Option<u64>,
+}
+
+fn default_burst() -> u32 {
+    1
+}
+
 /// The whole fault configuration (`PUT /control/faults`). `Default` = no faults.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -181,6 +205,8 @@ pub struct Faults {
     /// On the TLS listener: the share of connections held without answering the
     /// handshake (the client's connect times out; nothing was sent).
     pub tls_stall_rate: f64,
+    /// Providers that answer 429 above a rate (see [`RateLimitFault`]).
+    pub rate_limits: Vec<RateLimitFault>,
 }
 
 /// A fault config that was refused; `field` names the offending field
@@ -203,7 +229,8 @@ impl FaultConfigError {
     }
 }
 
-const FAULT_FIELDS: [&str; 7] = [
+const FAULT_FIELDS: [&str; 8] = [
+    "rate_limits",
     "seed",
     "latency_ms",
     "lookup_disabled",
@@ -315,6 +342,9 @@ impl Faults {
                 ));
             }
         }
+        if let Some(limits) = field(obj, "rate_limits", "rate_limits", "an array of rate limits")? {
+            faults.rate_limits = limits;
+        }
         faults.validate()?;
         Ok(faults)
     }
@@ -337,6 +367,20 @@ impl Faults {
                 "tls_stall_rate",
                 "tls_drop_rate + tls_stall_rate must be at most 1",
             ));
+        }
+        for (i, limit) in self.rate_limits.iter().enumerate() {
+            if !(limit.per_second.is_finite() && limit.per_second > 0.0) {
+                return Err(FaultConfigError::new(
+                    format!("rate_limits[{i}].per_second"),
+                    format!("must be above 0, got {}", limit.per_second),
+                ));
+            }
+            if limit.burst == 0 {
+                return Err(FaultConfigError::new(
+                    format!("rate_limits[{i}].burst"),
+                    "must be at least 1",
+                ));
+            }
         }
         for (i, rule) in self.rules.iter().enumerate() {
             let at = |f: &str| format!("rules[{i}].{f}");

@@ -34,6 +34,7 @@ mod store;
 pub use effects::{EffectCount, Effects, KeyEffects};
 pub use faults::{
     DEFAULT_ERROR_STATUS, DEFAULT_HOLD_MS, FaultConfigError, FaultMode, FaultRule, Faults,
+    RateLimitFault,
 };
 pub use provider::Provider;
 pub use rng::SplitMix64;
@@ -145,6 +146,11 @@ impl Sandbox {
     /// The ground-truth effect ledger, read directly.
     pub fn effects(&self) -> Effects {
         self.state.effects()
+    }
+
+    /// The counters of what the sandbox saw (`GET /control/stats`), read directly.
+    pub fn stats(&self) -> Stats {
+        self.state.stats()
     }
 
     /// How many keys have had an effect: what [`Sandbox::effects`] would hold, without

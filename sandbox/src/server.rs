@@ -60,6 +60,14 @@ fn saved(r: SavedResponse) -> Response {
     (status, Json(r.body)).into_response()
 }
 
+/// 429 with `Retry-After` (a `rate_limits` fault): nothing was done.
+fn rate_limited(retry_after: u64) -> Response {
+    let mut resp = error(StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    resp.headers_mut()
+        .insert("retry-after", HeaderValue::from(retry_after));
+    resp
+}
+
 fn unknown_resource() -> Response {
     error_msg(
         StatusCode::NOT_FOUND,
@@ -81,6 +89,9 @@ async fn execute(
     let Some(provider) = Provider::from_resource(&resource) else {
         return unknown_resource();
     };
+    if let Some(retry_after) = app.state.throttle(provider) {
+        return rate_limited(retry_after);
+    }
     let Some(key) = headers
         .get(IDEMPOTENCY_KEY)
         .and_then(|v| v.to_str().ok())
@@ -176,6 +187,9 @@ async fn lookup(
     let Some(provider) = Provider::from_resource(&resource) else {
         return unknown_resource();
     };
+    if let Some(retry_after) = app.state.throttle(provider) {
+        return rate_limited(retry_after);
+    }
     let by = match (&q.idempotency_key, &q.reference) {
         (Some(key), None) => LookupBy::Key(key),
         (None, Some(reference)) => LookupBy::Reference(reference),

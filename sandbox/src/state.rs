@@ -77,6 +77,8 @@ struct Inner {
     ledger: Ledger,
     stats: Stats,
     injector: Injector,
+    /// Per provider, the rate limit's theoretical arrival time (GCRA).
+    limited_until: [Option<Instant>; 3],
 }
 
 /// The sandbox's whole state.
@@ -102,6 +104,7 @@ impl State {
                 ledger: Ledger::default(),
                 stats: Stats::default(),
                 injector: Injector::new(Faults::default()),
+                limited_until: [None; 3],
             }),
             required_header: Mutex::new(None),
         }
@@ -140,6 +143,35 @@ impl State {
         // A panic while holding the lock cannot leave the data half-written in
         // a way that matters to a test double; keep serving.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A `rate_limits` fault: `Some(retry_after_secs)` when this request to `provider`
+    /// is over the limit (answer 429, do nothing), counted; `None` when it may go on
+    /// (and it has spent its place in the bucket).
+    pub fn throttle(&self, provider: Provider) -> Option<u64> {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let limit = inner
+            .injector
+            .faults()
+            .rate_limits
+            .iter()
+            .find(|l| l.provider.is_none_or(|p| p == provider))
+            .copied()?;
+        let now = Instant::now();
+        let interval = Duration::from_secs_f64(1.0 / limit.per_second);
+        let tolerance = interval * (limit.burst - 1);
+        let tat = inner.limited_until[provider.index()].map_or(now, |t| t.max(now));
+        if tat > now + tolerance {
+            inner.stats.rate_limited_429 += 1;
+            let free_in = (tat - tolerance).saturating_duration_since(now);
+            let secs = limit
+                .retry_after_s
+                .unwrap_or_else(|| free_in.as_secs() + u64::from(free_in.subsec_nanos() > 0));
+            return Some(secs.max(1));
+        }
+        inner.limited_until[provider.index()] = Some(tat + interval);
+        None
     }
 
     /// Step one of an execute request: classify it; a new key is marked in
@@ -247,7 +279,9 @@ impl State {
     /// Installs a config and re-seeds the generator (rule use counts restart).
     pub fn set_faults(&self, faults: Faults) -> Result<(), FaultConfigError> {
         faults.validate()?;
-        self.lock().injector = Injector::new(faults);
+        let mut inner = self.lock();
+        inner.injector = Injector::new(faults);
+        inner.limited_until = [None; 3];
         Ok(())
     }
 
@@ -276,6 +310,7 @@ impl State {
         inner.ledger = Ledger::default();
         inner.stats = Stats::default();
         inner.injector = Injector::new(Faults::default());
+        inner.limited_until = [None; 3];
     }
 }
 
@@ -287,6 +322,25 @@ mod tests {
 
     fn begin(s: &State, key: &str, body: &Value) -> Begin {
         s.begin(Provider::Bank, key, body, &body_hash(body))
+    }
+
+    #[test]
+    fn a_rate_limit_lets_the_burst_through_then_answers_retry_after() {
+        let s = State::new();
+        s.set_faults(Faults {
+            rate_limits: vec![crate::faults::RateLimitFault {
+                provider: Some(Provider::Mail),
+                per_second: 2.0,
+                burst: 3,
+                retry_after_s: None,
+            }],
+            ..Faults::default()
+        })
+        .unwrap();
+        let answers: Vec<Option<u64>> = (0..5).map(|_| s.throttle(Provider::Mail)).collect();
+        assert_eq!(answers, [None, None, None, Some(1), Some(1)]);
+        assert_eq!(s.stats().rate_limited_429, 2);
+        assert_eq!(s.throttle(Provider::Bank), None, "only the mail provider");
     }
 
     #[test]

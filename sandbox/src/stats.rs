@@ -69,6 +69,9 @@ pub struct Stats {
     /// Provider requests refused 401 for lacking the required header.
     #[serde(default)]
     pub unauthorized_401: u64,
+    /// Requests (executes and lookups) answered 429 by a `rate_limits` fault.
+    #[serde(default)]
+    pub rate_limited_429: u64,
     /// Faults injected, by mode.
     pub faults: FaultCounts,
 }

@@ -242,7 +242,7 @@ async fn control_effects_stats_reset_and_health() {
     assert_eq!(
         ctl.stats().await.unwrap(),
         json!({"executes": {"mail": 1, "tickets": 0, "bank": 2}, "lookups": 0, "replays": 1,
-               "conflicts_422": 0, "in_flight_409": 0, "unauthorized_401": 0,
+               "conflicts_422": 0, "in_flight_409": 0, "unauthorized_401": 0, "rate_limited_429": 0,
                "faults": {"accept_then_timeout": 0, "accept_then_reset": 0,
                           "error_before_commit": 0, "reject": 0, "latency": 0,
                           "lookup_disabled": 0, "tls_dropped": 0, "tls_stalled": 0}})

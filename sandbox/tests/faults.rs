@@ -374,7 +374,8 @@ async fn faults_get_returns_what_was_put_with_defaults() {
     let sb = start().await;
     let ctl = sb.control();
     ctl.set_faults_json(&json!({"seed": 42, "lookup_disabled": ["bank"],
-        "rules": [{"provider": "bank", "mode": "accept_then_timeout", "rate": 0.3, "latency_ms": 50}]}))
+        "rules": [{"provider": "bank", "mode": "accept_then_timeout", "rate": 0.3, "latency_ms": 50}],
+        "rate_limits": [{"provider": "mail", "per_second": 50.0}]}))
         .await
         .unwrap();
     let raw = send(sb.addr(), Method::GET, "/control/faults", &[], None)
@@ -385,7 +386,8 @@ async fn faults_get_returns_what_was_put_with_defaults() {
         json!({"seed": 42, "latency_ms": 0, "lookup_disabled": ["bank"], "forget_keys_after_ms": null,
                "rules": [{"provider": "bank", "mode": "accept_then_timeout", "rate": 0.3, "times": null,
                           "key": null, "latency_ms": 50, "status": 503, "hold_ms": 60000}],
-               "tls_drop_rate": 0.0, "tls_stall_rate": 0.0})
+               "tls_drop_rate": 0.0, "tls_stall_rate": 0.0,
+               "rate_limits": [{"provider": "mail", "per_second": 50.0, "burst": 1, "retry_after_s": null}]})
     );
     let typed = ctl.faults().await.unwrap();
     assert_eq!(typed.rules[0].mode, FaultMode::AcceptThenTimeout);

@@ -26,6 +26,8 @@ pub struct Context {
     pub owner: String,
     /// The payload schemas of the configured action types.
     pub schemas: Arc<oncely_core::schema::PayloadSchemas>,
+    /// Flow control: the fleet's budget per provider.
+    pub flow: Arc<crate::flow::Flow>,
     /// The broker's URL with its TLS files read (at start: a bad file stops the process
     /// there, with the field and the file named).
     pub amqp: AmqpConnector,
@@ -45,6 +47,7 @@ impl Context {
             .map_err(anyhow::Error::msg)?;
         let amqp = AmqpConnector::new(&config.broker)?;
         Ok(Self {
+            flow: Arc::new(crate::flow::Flow::new(&config)),
             amqp,
             schemas: Arc::new(schemas),
             config: Arc::new(config),

@@ -13,7 +13,11 @@ use std::time::Duration;
 /// The longest a not-sent retry waits.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
 
-/// The journal verdict for an execute outcome of `attempt` under `policy`.
+/// How long a throttled attempt waits when the provider did not say (no `Retry-After`).
+pub const DEFAULT_THROTTLE_WAIT: Duration = Duration::from_secs(1);
+
+/// The journal verdict for an execute outcome under `policy`; `attempt` counts the
+/// attempts *spent* (a throttled one is not: [`oncely_core::journal::Claim::throttled`]).
 pub fn verdict(outcome: Outcome, attempt: i32, policy: &ActionPolicy) -> Verdict {
     match outcome {
         Outcome::Succeeded {
@@ -32,6 +36,11 @@ pub fn verdict(outcome: Outcome, attempt: i32, policy: &ActionPolicy) -> Verdict
             error_code: code,
             check_in: Duration::ZERO,
         },
+        // Never against max_attempts: the provider did nothing. Its patience is max_defer.
+        Outcome::Throttled { code, retry_after } => Verdict::Deferred {
+            error_code: format!("throttled:{code}"),
+            retry_in: retry_after.unwrap_or(DEFAULT_THROTTLE_WAIT),
+        },
         Outcome::NotSent { code } if attempt >= policy.max_attempts => Verdict::FailedFinal {
             error_code: format!("attempts_exhausted:{code}"),
         },
@@ -49,6 +58,7 @@ pub fn outcome_label(o: &Outcome) -> &'static str {
         Outcome::Rejected { .. } => "rejected",
         Outcome::InFlight => "in_flight",
         Outcome::NotSent { .. } => "not_sent",
+        Outcome::Throttled { .. } => "throttled",
         Outcome::Unknown { .. } => "unknown",
     }
 }
@@ -263,13 +273,37 @@ mod tests {
         assert_eq!(
             verdict(
                 Outcome::NotSent {
-                    code: "http_429".into()
+                    code: "http_408".into()
                 },
                 3,
                 &p
             ),
             Verdict::FailedFinal {
-                error_code: "attempts_exhausted:http_429".into()
+                error_code: "attempts_exhausted:http_408".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_throttle_is_deferred_whatever_the_attempts() {
+        let p = policy();
+        let throttled = |retry_after| Outcome::Throttled {
+            code: "http_429".into(),
+            retry_after,
+        };
+        // Past max_attempts (3) it is still deferred, never attempts_exhausted.
+        assert_eq!(
+            verdict(throttled(Some(Duration::from_secs(30))), 7, &p),
+            Verdict::Deferred {
+                error_code: "throttled:http_429".into(),
+                retry_in: Duration::from_secs(30)
+            }
+        );
+        assert_eq!(
+            verdict(throttled(None), 1, &p),
+            Verdict::Deferred {
+                error_code: "throttled:http_429".into(),
+                retry_in: DEFAULT_THROTTLE_WAIT
             }
         );
     }

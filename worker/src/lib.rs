@@ -4,6 +4,8 @@
 //! - [`context`]: config, journal, providers and identity shared by a process.
 //! - [`provider`]: the provider trait and the generic HTTP/JSON adapter.
 //! - [`decide`]: the classification table and the not-claimed decisions (pure).
+//! - [`flow`]: the fleet's budget per provider: slots before a call, pushback after.
+//! - [`deferred`]: the sweeper's pass over deferred operations (republish when due, give up).
 //! - [`runner`]: the action worker (consume → claim → call → commit → ack).
 //! - [`broker`]: the broker session shared by the runner and the reconciler.
 //! - [`reconcile_request`]: the message on the reconcile queue.
@@ -21,7 +23,9 @@ pub mod broker;
 pub mod cli;
 pub mod context;
 pub mod decide;
+pub mod deferred;
 pub mod failpoint;
+pub mod flow;
 pub mod outcome;
 pub mod provider;
 pub mod reconcile_request;

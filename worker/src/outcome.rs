@@ -125,6 +125,7 @@ fn verdict_fields(v: &Verdict) -> (Option<&str>, Option<&str>) {
         } => (Some(provider_operation_id), None),
         Verdict::FailedFinal { error_code }
         | Verdict::FailedRetryable { error_code, .. }
+        | Verdict::Deferred { error_code, .. }
         | Verdict::Unknown { error_code, .. } => (None, Some(error_code)),
     }
 }

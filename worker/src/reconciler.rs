@@ -87,6 +87,7 @@ impl Decision {
 
 /// Run a reconciler (with its sweeper) until `shutdown`, reconnecting as needed.
 pub async fn run(ctx: Context, shutdown: Shutdown) -> anyhow::Result<()> {
+    ctx.flow.ensure_with_retry(&ctx.journal).await;
     crate::shutdown::supervise("reconciler", shutdown, |s| session(&ctx, s)).await
 }
 
@@ -100,6 +101,11 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
         .await?;
     tracing::info!(owner = %ctx.owner, "reconciler consuming");
     let sweeper = tokio::spawn(sweep_loop(ctx.clone(), publisher.clone(), shutdown.clone()));
+    let deferred = tokio::spawn(crate::deferred::run(
+        ctx.clone(),
+        publisher.clone(),
+        shutdown.clone(),
+    ));
     let sem = Arc::new(Semaphore::new(rc.concurrency));
     let lost = loop {
         tokio::select! {
@@ -126,6 +132,7 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
         }
     };
     sweeper.abort();
+    deferred.abort();
     let all = u32::try_from(rc.concurrency).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(rc.check_lease, sem.acquire_many(all)).await;
     broker.close(&ctx.owner, "reconciler stopping").await;

@@ -65,6 +65,15 @@ pub struct ActionPolicy {
     /// periodic read of the journal (every 5 s) instead of at once.
     #[serde(default = "default_outcome_events")]
     pub outcome_events: bool,
+    /// How long an operation may stay `deferred` (throttled by its provider, or waiting
+    /// for a slot in the fleet's budget for it) before it ends `failed_final` with
+    /// `deferred_too_long` — never sent. Counted from its first deferral.
+    #[serde(default = "default_max_defer", with = "human")]
+    pub max_defer: Duration,
+}
+
+fn default_max_defer() -> Duration {
+    Duration::from_secs(6 * 3600)
 }
 
 fn default_outcome_events() -> bool {
@@ -99,6 +108,7 @@ impl ActionPolicy {
             description: None,
             payload_schema: None,
             outcome_events: default_outcome_events(),
+            max_defer: default_max_defer(),
         }
     }
 
@@ -126,6 +136,9 @@ impl ActionPolicy {
                     p.timeout()
                 ),
             ));
+        }
+        if self.max_defer.is_zero() {
+            return Err(invalid(f("max_defer"), "must be above zero"));
         }
         if self.max_attempts < 1 {
             return Err(invalid(f("max_attempts"), "must be at least 1"));

@@ -60,8 +60,8 @@ pub use broker::{BrokerConfig, BrokerTls};
 pub use duration::{format_duration, parse_duration};
 pub use error::ConfigError;
 pub use providers::{
-    BasicAuth, Encoding, HttpProviderConfig, ImapArchive, ProviderConfig, Security,
-    SmtpProviderConfig, ValueSource,
+    BasicAuth, Encoding, HttpProviderConfig, ImapArchive, ProviderConfig, RateLimitConfig,
+    Security, SmtpProviderConfig, ValueSource,
 };
 pub use reconciler::ReconcilerConfig;
 pub use worker::WorkerConfig;

@@ -45,6 +45,11 @@ pub struct ReconcilerConfig {
     /// yet). `"0s"`: every pass reads everything.
     #[serde(with = "human")]
     pub full_sweep_interval: Duration,
+    /// How often the sweeper republishes `deferred` operations that became due (and
+    /// gives up those past their `max_defer`): short, so that a rate-limited provider
+    /// sees its rate, not bursts one sweep apart.
+    #[serde(with = "human")]
+    pub deferred_interval: Duration,
 }
 
 impl Default for ReconcilerConfig {
@@ -67,17 +72,19 @@ impl ReconcilerConfig {
         concurrency: 16,
         totals_interval: Duration::from_secs(600),
         full_sweep_interval: Duration::from_secs(300),
+        deferred_interval: Duration::from_millis(200),
     };
 
     /// Intervals above zero (a zero interval is a busy loop), sizes at least 1.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.sweep_interval.is_zero()
+            || self.deferred_interval.is_zero()
             || self.check_lease.is_zero()
             || self.recheck_delay.is_zero()
         {
             return Err(invalid(
                 "reconciler",
-                "sweep_interval, check_lease and recheck_delay must be above zero",
+                "sweep_interval, deferred_interval, check_lease and recheck_delay must be above zero",
             ));
         }
         if self.batch < 1 || self.concurrency == 0 {

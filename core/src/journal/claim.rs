@@ -56,6 +56,9 @@ pub struct Claim {
     pub key: IdempotencyKey,
     /// The attempt number: present it when completing.
     pub attempt: i32,
+    /// Attempts the provider throttled (nothing sent): they do not count against
+    /// `max_attempts`, so the attempts spent are `attempt - throttled`.
+    pub throttled: i32,
     /// The lease's end (database clock).
     pub lease_until: DateTime<Utc>,
     /// When the first attempt of this operation started.
@@ -73,7 +76,7 @@ pub enum NotClaimed {
     LeaseExpired,
     /// `unknown`: the reconciler owns it.
     Unknown,
-    /// `failed_retryable` not yet due.
+    /// `failed_retryable` or `deferred`, not yet due.
     NotDue,
     /// Same key, different action type or payload: refused, never executed.
     Conflict,
@@ -97,6 +100,18 @@ pub enum ClaimOutcome {
     /// delivery's fate was known: deliver it again (the won claims stand; see
     /// [`Journal::claim_with`]).
     Undecided,
+    /// Asked to defer (no slot in the provider's budget) and deferred: `deferred` until
+    /// `due` (database clock), nobody called.
+    Deferred {
+        /// When it is due.
+        due: DateTime<Utc>,
+    },
+}
+
+/// What the statement did to one first occurrence of a key.
+enum Taken {
+    Claimed(Claim),
+    Deferred(DateTime<Utc>),
 }
 
 impl Journal {
@@ -107,6 +122,20 @@ impl Journal {
         owner: &str,
     ) -> Result<Vec<ClaimOutcome>, JournalError> {
         self.claim_with(requests, owner, || async {}).await
+    }
+
+    /// [`Journal::claim`], but the requests with `Some(wait)` in `defer` are deferred
+    /// instead (`deferred`, due in `wait`; nobody calls the provider): the claim of a
+    /// batch for which the provider's budget had slots for only some. The same rules as
+    /// a claim decide whether a row may be taken at all; one statement does both.
+    pub async fn claim_or_defer(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        defer: &[Option<Duration>],
+        owner: &str,
+    ) -> Result<Vec<ClaimOutcome>, JournalError> {
+        self.claim_deferring(requests, defer, owner, || async {})
+            .await
     }
 
     /// [`Journal::claim`], awaiting `between` after each claim statement and before the
@@ -123,13 +152,31 @@ impl Journal {
         &self,
         requests: &[ClaimRequest<'_>],
         owner: &str,
+        between: F,
+    ) -> Result<Vec<ClaimOutcome>, JournalError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        self.claim_deferring(requests, &[], owner, between).await
+    }
+
+    /// [`Journal::claim_with`] with deferrals ([`Journal::claim_or_defer`]).
+    async fn claim_deferring<F, Fut>(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        defer: &[Option<Duration>],
+        owner: &str,
         mut between: F,
     ) -> Result<Vec<ClaimOutcome>, JournalError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        match self.claim_rounds(requests, owner, &mut between).await {
+        match self
+            .claim_rounds(requests, defer, owner, &mut between)
+            .await
+        {
             Err(e) if e.is_identity_clash() => {
                 // Some delivery's identity is recorded under another key (an older or
                 // newer secret of the ring): claim those rows, under their own keys.
@@ -154,7 +201,7 @@ impl Journal {
                         lease: r.lease,
                     })
                     .collect();
-                self.claim_rounds(&again, owner, &mut between).await
+                self.claim_rounds(&again, defer, owner, &mut between).await
             }
             other => other,
         }
@@ -164,6 +211,7 @@ impl Journal {
     async fn claim_rounds<F, Fut>(
         &self,
         requests: &[ClaimRequest<'_>],
+        defer: &[Option<Duration>],
         owner: &str,
         between: &mut F,
     ) -> Result<Vec<ClaimOutcome>, JournalError>
@@ -175,6 +223,8 @@ impl Journal {
         debug_assert!(
             transition(Some(Status::FailedRetryable), Status::Executing) == Some(Move::Claim)
         );
+        debug_assert!(transition(Some(Status::Deferred), Status::Executing) == Some(Move::Claim));
+        debug_assert!(transition(Some(Status::Planned), Status::Deferred) == Some(Move::Defer));
         let mut out: Vec<Option<ClaimOutcome>> = vec![None; requests.len()];
         let mut todo: Vec<usize> = (0..requests.len()).collect();
         let mut won = false;
@@ -182,15 +232,18 @@ impl Journal {
             if todo.is_empty() {
                 break;
             }
-            let claimed = match self.claim_statement(requests, &todo, owner).await {
+            let claimed = match self.claim_statement(requests, defer, &todo, owner).await {
                 Ok(claimed) => claimed,
                 Err(e) if !won => return Err(e),
                 Err(e) => return Ok(undecided_after(e, out)),
             };
             // Committed: from here on these claims are reported whatever fails next.
             won |= !claimed.is_empty();
-            for (i, claim) in claimed {
-                out[i] = Some(ClaimOutcome::Claimed(claim));
+            for (i, taken) in claimed {
+                out[i] = Some(match taken {
+                    Taken::Claimed(claim) => ClaimOutcome::Claimed(claim),
+                    Taken::Deferred(due) => ClaimOutcome::Deferred { due },
+                });
             }
             between().await;
             todo = match self.read_not_claimed(requests, todo, &mut out).await {
@@ -212,49 +265,69 @@ impl Journal {
     async fn claim_statement(
         &self,
         requests: &[ClaimRequest<'_>],
+        defer: &[Option<Duration>],
         todo: &[usize],
         owner: &str,
-    ) -> Result<HashMap<usize, Claim>, JournalError> {
+    ) -> Result<HashMap<usize, Taken>, JournalError> {
         let (cols, first, order) =
             Columns::first_of_each_key(todo, |i| requests[i].envelope, self.data_keys());
         let leases: Vec<f64> = order
             .iter()
             .map(|&i| requests[i].lease.as_secs_f64())
             .collect();
+        let defers: Vec<Option<f64>> = order
+            .iter()
+            .map(|&i| defer.get(i).copied().flatten().map(|d| d.as_secs_f64()))
+            .collect();
         // `ORDER BY k`: rows are locked in key order, so two workers claiming the same keys
         // (redeliveries come in any order) wait for each other instead of deadlocking.
+        // A deferred row (`d` set) takes no attempt, no lease and no owner: it is `deferred`,
+        // due at `now() + d`, and keeps (or starts) its `deferred_since`.
         let rows = bind_columns!(sqlx::query(
             "INSERT INTO agent_operations AS o (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
                  revision, payload_hash, payload, status, attempt_count, lease_until, lease_owner, first_attempt_at, \
-                 last_actor, last_reason, payload_sealed, payload_key_id) \
-             SELECT k, a, t, w, s, b, r, h, p::jsonb, 'executing', 1, now() + make_interval(secs => l), $13, now(), $13, 'claim', ps, pk \
+                 last_actor, last_reason, payload_sealed, payload_key_id, deferred_since) \
+             SELECT k, a, t, w, s, b, r, h, p::jsonb, CASE WHEN d IS NULL THEN 'executing' ELSE 'deferred' END, \
+                 CASE WHEN d IS NULL THEN 1 ELSE 0 END, now() + make_interval(secs => coalesce(d, l)), \
+                 CASE WHEN d IS NULL THEN $13 END, CASE WHEN d IS NULL THEN now() END, $13, \
+                 CASE WHEN d IS NULL THEN 'claim' ELSE 'no_budget' END, ps, pk, CASE WHEN d IS NOT NULL THEN now() END \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
-                         $8::text[], $9::text[], $10::bytea[], $11::text[], $12::float8[]) AS x(k, a, t, w, s, b, r, h, p, ps, pk, l) \
+                         $8::text[], $9::text[], $10::bytea[], $11::text[], $12::float8[], $14::float8[]) \
+                  AS x(k, a, t, w, s, b, r, h, p, ps, pk, l, d) \
              ORDER BY k \
              ON CONFLICT (idempotency_key) DO UPDATE SET \
-                 status = 'executing', attempt_count = o.attempt_count + 1, lease_until = EXCLUDED.lease_until, \
-                 lease_owner = EXCLUDED.lease_owner, first_attempt_at = coalesce(o.first_attempt_at, EXCLUDED.first_attempt_at), \
-                 last_actor = EXCLUDED.last_actor, last_reason = 'claim', updated_at = now() \
-             WHERE o.status IN ('planned', 'failed_retryable') \
+                 status = EXCLUDED.status, attempt_count = o.attempt_count + EXCLUDED.attempt_count, \
+                 lease_until = EXCLUDED.lease_until, lease_owner = EXCLUDED.lease_owner, \
+                 first_attempt_at = coalesce(o.first_attempt_at, EXCLUDED.first_attempt_at), \
+                 deferred_since = CASE WHEN EXCLUDED.status = 'deferred' THEN coalesce(o.deferred_since, now()) ELSE o.deferred_since END, \
+                 last_actor = EXCLUDED.last_actor, last_reason = EXCLUDED.last_reason, updated_at = now() \
+             WHERE o.status IN ('planned', 'failed_retryable', 'deferred') \
                AND (o.lease_until IS NULL OR o.lease_until <= now()) \
                AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type \
-             RETURNING idempotency_key, attempt_count, lease_until, first_attempt_at",
+             RETURNING idempotency_key, attempt_count, lease_until, first_attempt_at, status = 'executing', throttled_attempts",
         ), cols)
         .bind(&leases)
         .bind(owner)
+        .bind(&defers)
         .fetch_all(&self.db)
         .await?;
-        let mut claimed: HashMap<usize, Claim> = HashMap::with_capacity(rows.len());
+        let mut claimed: HashMap<usize, Taken> = HashMap::with_capacity(rows.len());
         for row in rows {
             let key: String = row.try_get(0)?;
-            let claim = Claim {
-                key: IdempotencyKey::parse(&key).map_err(|e| sqlx::Error::Decode(e.into()))?,
-                attempt: row.try_get(1)?,
-                lease_until: row.try_get(2)?,
-                first_attempt_at: row.try_get(3)?,
+            let lease_until: DateTime<Utc> = row.try_get(2)?;
+            let taken = if row.try_get::<bool, _>(4)? {
+                Taken::Claimed(Claim {
+                    key: IdempotencyKey::parse(&key).map_err(|e| sqlx::Error::Decode(e.into()))?,
+                    attempt: row.try_get(1)?,
+                    throttled: row.try_get(5)?,
+                    lease_until,
+                    first_attempt_at: row.try_get(3)?,
+                })
+            } else {
+                Taken::Deferred(lease_until)
             };
             if let Some(&i) = first.get(key.as_str()) {
-                claimed.insert(i, claim);
+                claimed.insert(i, taken);
             }
         }
         Ok(claimed)
@@ -319,7 +392,7 @@ fn classify(op: &Operation, envelope: &Envelope) -> NotClaimed {
         Status::Executing if op.lease_live => NotClaimed::LeaseLive,
         Status::Executing => NotClaimed::LeaseExpired,
         Status::Unknown => NotClaimed::Unknown,
-        Status::FailedRetryable if op.lease_live => NotClaimed::NotDue,
-        Status::FailedRetryable | Status::Planned => NotClaimed::Raced,
+        Status::FailedRetryable | Status::Deferred if op.lease_live => NotClaimed::NotDue,
+        Status::FailedRetryable | Status::Deferred | Status::Planned => NotClaimed::Raced,
     }
 }

@@ -42,6 +42,14 @@ pub enum Verdict {
         /// Not before now + this (database clock).
         retry_in: Duration,
     },
+    /// Throttled: the provider said "not now" and did nothing. `deferred` until
+    /// `retry_in`; the attempt is not spent (`throttled_attempts` + 1).
+    Deferred {
+        /// A short technical code (`throttled:http_429`, `throttled:smtp_421`).
+        error_code: String,
+        /// Due at now + this (database clock).
+        retry_in: Duration,
+    },
     /// Maybe done: hand to the reconciler, first check after `check_in`.
     Unknown {
         /// A short technical code.
@@ -58,6 +66,7 @@ impl Verdict {
             Verdict::Succeeded { .. } => Status::Succeeded,
             Verdict::FailedFinal { .. } => Status::FailedFinal,
             Verdict::FailedRetryable { .. } => Status::FailedRetryable,
+            Verdict::Deferred { .. } => Status::Deferred,
             Verdict::Unknown { .. } => Status::Unknown,
         }
     }
@@ -168,6 +177,10 @@ impl Batch {
                     (None, None, Some(storable(error_code)), None)
                 }
                 Verdict::FailedRetryable {
+                    error_code,
+                    retry_in: delay,
+                }
+                | Verdict::Deferred {
                     error_code,
                     retry_in: delay,
                 }
@@ -305,6 +318,8 @@ pub(crate) async fn complete_batch_on<'e>(
              payload = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload END, \
              payload_sealed = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_sealed END, \
              payload_key_id = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_key_id END, \
+             throttled_attempts = o.throttled_attempts + CASE WHEN c.to_status = 'deferred' THEN 1 ELSE 0 END, \
+             deferred_since = CASE WHEN c.to_status = 'deferred' THEN coalesce(o.deferred_since, now()) ELSE o.deferred_since END, \
              last_actor = $9, \
              last_reason = CASE WHEN o.status = c.expected THEN c.reason ELSE $12 END, \
              updated_at = now() \

@@ -15,6 +15,8 @@
 //! - [`complete`]: compare-and-set outcomes.
 //! - [`conflict`]: the audit row for a refused conflicting intent.
 //! - [`inspect`]: reads — by key, by workflow, events, the article's queries.
+//! - [`budget`]: the fleet's shared budget per provider (rate, burst, pauses, calls in flight).
+//! - [`deferred`]: deferred operations that are due (republish) or out of patience (give up).
 //! - [`sweep`]: what the sweeper and reconciler take: expired leases, republishing, due unknowns.
 //! - [`review`]: human reviews and purging.
 //! - [`recheck`]: background re-checks of reviews a lookup may still settle; review figures.
@@ -22,9 +24,11 @@
 //! - [`article`]: the article's three-statement flow, the bench's yardstick.
 
 pub mod article;
+pub mod budget;
 pub mod claim;
 pub mod complete;
 pub mod conflict;
+pub mod deferred;
 pub mod desk;
 pub mod inspect;
 pub mod operation;
@@ -35,6 +39,7 @@ pub mod statement;
 pub mod stats;
 pub mod sweep;
 
+pub use budget::{BudgetRow, BudgetState, Grant, Limit};
 pub use claim::{Claim, ClaimOutcome, ClaimRequest, NotClaimed};
 pub use complete::{Applied, Completion, LATE_REASON, Verdict};
 pub use desk::{DeskFilter, DeskRow};

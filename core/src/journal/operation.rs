@@ -54,6 +54,7 @@ pub struct Operation {
     /// | `executing` | end of the worker's lease: nobody else may act before it | the claim (`now() + lease`) | the sweeper, after it: → `unknown` (never a re-claim) |
     /// | `failed_retryable` | not before: the earliest time of the next attempt | the completion (`now() + retry_in`), a review's `retry` (`now()`) | the claim (refused before it); the sweeper republishes after it |
     /// | `unknown` | next reconcile check | the sweeper's expiry (`now()`), a completion (`now() + check_in`), each check (`now() + check_lease`), a deferral (`now() + delay`) | the reconciler takes it only once due; the sweeper re-checks it when overdue by `stale_unknown_after` |
+    /// | `deferred` | due: not before (the provider's `Retry-After`, or the slot the fleet's budget gives it) | a claim with no slot (`now() + wait`), a throttled completion (`now() + retry_after`) | the claim (refused before it); the sweeper's deferred pass republishes it after it, or gives it up after `max_defer` |
     /// | `planned`, `succeeded`, `failed_final` | nothing: always `NULL` (a database constraint) | — | — |
     ///
     /// All times are the database's clock. One index, `(status, lease_until)`, serves

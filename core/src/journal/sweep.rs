@@ -32,7 +32,7 @@ macro_rules! expired_leases {
 
 /// Due for republishing. Two ordered, limited scans, each on its own index — `planned` by
 /// `updated_at` on the partial index `agent_operations_planned_idx`, `failed_retryable` by
-/// `lease_until` on `agent_operations_live_idx` — so the cost is the rows taken, not the
+/// `lease_until` on `agent_operations_clocks_idx` — so the cost is the rows taken, not the
 /// live rows sorted (one `OR` over both needed a bitmap scan and a sort of every candidate).
 /// The second runs only if the first brought fewer than `$2` (the outer `LIMIT` stops the
 /// `Append`), so at most `$2` rows are locked. `$1`: seconds untouched, `$2`: limit, `$3`:
@@ -76,7 +76,7 @@ pub const LIVE_STATUS_COUNTS: &str = "SELECT 'planned'::text AS status, count(*)
      WHERE status = 'executing' AND lease_until >= COALESCE(now() - make_interval(secs => $2), '-infinity') \
      HAVING count(*) > 0 \
      UNION ALL SELECT status, count(*) FROM agent_operations \
-     WHERE status IN ('failed_retryable', 'unknown') GROUP BY status";
+     WHERE status IN ('failed_retryable', 'unknown', 'deferred') GROUP BY status";
 
 /// The three scans' row selections, `(name, sql)`, for timing them on a big journal
 /// (`oncely-bench --journal-rows`). Their parameters: expired leases `$1` limit, `$2`
@@ -332,7 +332,7 @@ impl Journal {
     /// Live operations per status — `planned`, `executing`, `failed_retryable`,
     /// `unknown`; a status without operations is absent — for the gauges every sweep. Each
     /// is counted on a partial index that holds only live rows (`agent_operations_planned_idx`,
-    /// `agent_operations_live_idx`), so the cost follows the live work, not the journal's
+    /// `agent_operations_clocks_idx`), so the cost follows the live work, not the journal's
     /// history: see [`Journal::status_counts`] for what counting everything costs.
     /// `planned` and `executing` are counted within the windows of the sweeper's passes
     /// (`None`: all), the windows [`Since`] gives the scans: exact after a full pass, and

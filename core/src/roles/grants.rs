@@ -90,6 +90,8 @@ pub const EVENTS: &str = "operation_events";
 pub const REVIEWS: &str = "operation_reviews";
 /// The gateway's `Idempotency-Key` header values.
 pub const GATEWAY_REQUESTS: &str = "gateway_requests";
+/// The fleet's budget per provider (journal/budget.rs).
+pub const BUDGETS: &str = "provider_budgets";
 /// sqlx's record of applied migrations (every process reads the schema version).
 pub const MIGRATIONS: &str = "_sqlx_migrations";
 
@@ -138,6 +140,7 @@ const CLAIM_INSERT: &[&str] = &[
     "first_attempt_at",
     "last_actor",
     "last_reason",
+    "deferred_since",
 ];
 
 /// The worker's updates: the claim's `ON CONFLICT DO UPDATE SET` and the completion
@@ -146,6 +149,8 @@ const CLAIM_INSERT: &[&str] = &[
 const WORKER_UPDATE: &[&str] = &[
     "status",
     "attempt_count",
+    "throttled_attempts",
+    "deferred_since",
     "lease_until",
     "lease_owner",
     "first_attempt_at",
@@ -238,6 +243,13 @@ const REVIEW_RESOLVE: &[&str] = &[
 const GATEWAY_REQUESTS_INSERT: &[&str] = &["tenant", "client_key", "fingerprint", "state"];
 const GATEWAY_REQUESTS_UPDATE: &[&str] = &["created_at", "state", "idempotency_key"];
 
+/// The fleet's budget (journal/budget.rs): workers and reconcilers write their
+/// providers' limits at start (`ensure_budgets`), take slots, report pushback. Every
+/// column: the row is nothing but the budget's state.
+const BUDGET_READ: Need = table(Select, BUDGETS, Table);
+const BUDGET_INSERT: Need = table(Insert, BUDGETS, Table);
+const BUDGET_UPDATE: Need = table(Update, BUDGETS, Table);
+
 /// The action worker: claim (insert-or-take, then read the rows it did not claim),
 /// complete, and the audit row of a refused conflict. The transition events are
 /// written by the trigger as the owner, so the worker needs no other event rights, and
@@ -247,6 +259,9 @@ const WORKER: &[Need] = &[
     table(Select, OPERATIONS, Table),
     table(Insert, OPERATIONS, Only(CLAIM_INSERT)),
     table(Update, OPERATIONS, Only(WORKER_UPDATE)),
+    BUDGET_READ,
+    BUDGET_INSERT,
+    BUDGET_UPDATE,
     table(Insert, EVENTS, Only(EVENT_INSERT)),
     Need::Serial {
         table: EVENTS,
@@ -263,6 +278,9 @@ const RECONCILER: &[Need] = &[
     SCHEMA_VERSION,
     table(Select, OPERATIONS, Table),
     table(Update, OPERATIONS, Only(RECONCILER_UPDATE)),
+    BUDGET_READ,
+    BUDGET_INSERT,
+    BUDGET_UPDATE,
     table(Select, REVIEWS, Table),
     table(Insert, REVIEWS, Only(REVIEW_INSERT)),
     table(Update, REVIEWS, Only(REVIEW_RECHECK)),

@@ -102,6 +102,7 @@ fn code(outcome: &Outcome) -> (&'static str, String) {
         Outcome::InFlight => ("in_flight", String::new()),
         Outcome::Rejected { code } => ("rejected", code.clone()),
         Outcome::NotSent { code } => ("not_sent", code.clone()),
+        Outcome::Throttled { code, .. } => ("throttled", code.clone()),
         Outcome::Unknown { code } => ("unknown", code.clone()),
     }
 }

@@ -105,6 +105,7 @@ async fn two_concurrent_claims_one_winner_fifty_times() {
                 }
                 ClaimOutcome::NotClaimed { why, .. } => assert_eq!(why, NotClaimed::LeaseLive),
                 ClaimOutcome::Undecided => panic!("a one-delivery claim is never undecided"),
+                ClaimOutcome::Deferred { .. } => panic!("nothing asked to defer"),
             }
         }
         assert_eq!(wins, 1, "round {round}: exactly one claim wins");

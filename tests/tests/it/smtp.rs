@@ -56,6 +56,7 @@ fn smtp(host: &str, port: u16, security: Security, s: &Setup) -> SmtpProviderCon
             mailbox: "INBOX".into(),
             grace: Duration::from_secs(60),
         }),
+        rate_limit: None,
     }
 }
 

@@ -33,7 +33,7 @@ use serde_json::Value;
 
 use super::mapping::{LookupBy, Mapping};
 use super::transport::{ConnectFailure, Connector, Tls};
-use super::{BoxFuture, Call, Capabilities, Outcome, Provider, Remote};
+use super::{BoxFuture, Call, Capabilities, Outcome, Provider, Pushback, Remote};
 
 /// Largest response body read; a bigger one is treated as unreadable.
 const MAX_BODY_BYTES: usize = 1 << 20;
@@ -65,8 +65,12 @@ pub struct HttpProvider {
 /// What one HTTP exchange came to, before classification.
 #[derive(Debug)]
 enum Exchange {
-    /// A status line and a complete body.
-    Answered { status: u16, body: Bytes },
+    /// A status line and a complete body, and what its fields said about limits.
+    Answered {
+        status: u16,
+        body: Bytes,
+        pushback: Pushback,
+    },
     /// A status line, then the body could not be read (reset, closed, too large).
     BodyFailed { status: u16 },
     /// Provably never written: no connection was ever handed to the request.
@@ -202,6 +206,7 @@ impl HttpProvider {
             Err(e) => return Exchange::Lost(lost_code(&e)),
         };
         let status = response.status().as_u16();
+        let pushback = Pushback::from_headers(response.headers(), std::time::SystemTime::now());
         match Limited::new(response.into_body(), MAX_BODY_BYTES)
             .collect()
             .await
@@ -209,6 +214,7 @@ impl HttpProvider {
             Ok(body) => Exchange::Answered {
                 status,
                 body: body.to_bytes(),
+                pushback,
             },
             Err(_) => Exchange::BodyFailed { status },
         }
@@ -299,9 +305,21 @@ impl HttpProvider {
             Exchange::Answered {
                 status: 200..=299,
                 body,
+                ..
             } => self.classify_accepted(&body),
             Exchange::Answered { status, .. } if c.in_flight_statuses.contains(&status) => {
                 Outcome::InFlight
+            }
+            // A throttle: listed, or a 503 that says when to come back (RFC 9110, 15.6.4).
+            Exchange::Answered {
+                status, pushback, ..
+            } if c.throttle_statuses.contains(&status)
+                || (status == 503 && pushback.retry_after) =>
+            {
+                Outcome::Throttled {
+                    code: http_code(status),
+                    retry_after: pushback.wait,
+                }
             }
             Exchange::Answered { status, .. } if c.retry_statuses.contains(&status) => {
                 Outcome::NotSent {
@@ -448,6 +466,7 @@ impl HttpProvider {
             Exchange::Answered {
                 status: 200..=299,
                 body,
+                ..
             } => match self.classify_found(&body, key, by == LookupBy::Reference) {
                 Remote::Absent => Ok(None),
                 found => Ok(Some(found)),
@@ -491,14 +510,26 @@ impl Provider for HttpProvider {
     }
 
     fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move { self.execute_with_pushback(call).await.0 })
+    }
+
+    fn execute_with_pushback<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, (Outcome, Pushback)> {
         Box::pin(async move {
             let started = Instant::now();
-            let (status, outcome) = match self.execute_request(&call) {
+            let (status, pushback, outcome) = match self.execute_request(&call) {
                 Ok(request) => {
                     let exchange = self.exchange(request).await;
-                    (exchange_status(&exchange), self.classify_execute(exchange))
+                    let pushback = match &exchange {
+                        Exchange::Answered { pushback, .. } => *pushback,
+                        _ => Pushback::default(),
+                    };
+                    (
+                        exchange_status(&exchange),
+                        pushback,
+                        self.classify_execute(exchange),
+                    )
                 }
-                Err(outcome) => (None, outcome),
+                Err(outcome) => (None, Pushback::default(), outcome),
             };
             tracing::debug!(
                 provider = %self.name,
@@ -510,7 +541,7 @@ impl Provider for HttpProvider {
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "provider execute",
             );
-            outcome
+            (outcome, pushback)
         })
     }
 
@@ -557,7 +588,10 @@ fn exchange_status(exchange: &Exchange) -> Option<u16> {
 
 fn outcome_code(outcome: &Outcome) -> &str {
     match outcome {
-        Outcome::Rejected { code } | Outcome::NotSent { code } | Outcome::Unknown { code } => code,
+        Outcome::Rejected { code }
+        | Outcome::NotSent { code }
+        | Outcome::Throttled { code, .. }
+        | Outcome::Unknown { code } => code,
         Outcome::Succeeded { .. } | Outcome::InFlight => "",
     }
 }

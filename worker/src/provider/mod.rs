@@ -127,10 +127,12 @@ mod credentials;
 mod http;
 mod imap;
 mod mapping;
+pub mod pushback;
 mod smtp;
 mod transport;
 
 pub use http::HttpProvider;
+pub use pushback::Pushback;
 pub use smtp::SmtpProvider;
 
 /// A boxed, sendable future (the trait is object safe without `async fn`).
@@ -171,10 +173,19 @@ pub enum Outcome {
     /// 409 "same key in flight" → unknown, reconcile.
     InFlight,
     /// DNS / connect refused / TLS handshake failed / connect timeout (before the request
-    /// was written), 429, 408 → `failed_retryable`.
+    /// was written), 408 → `failed_retryable`.
     NotSent {
-        /// Short technical code, e.g. `connect_failed`, `http_429`.
+        /// Short technical code, e.g. `connect_failed`, `http_408`.
         code: String,
+    },
+    /// The provider said "slow down" and did nothing (429, 503 with `Retry-After`, SMTP
+    /// 421/450/451/452 before the message) → `deferred`; the attempt is not spent and the
+    /// whole fleet backs off from this provider.
+    Throttled {
+        /// Short technical code, e.g. `http_429`, `smtp_421`.
+        code: String,
+        /// How long the provider asked us to wait (`Retry-After`), if it said.
+        retry_after: Option<std::time::Duration>,
     },
     /// Anything after the request may have been written: timeout, reset, closed, 5xx,
     /// 2xx without an id, unparsable 2xx body.
@@ -257,6 +268,13 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     /// Performs the call once and classifies the answer. Never panics, never retries
     /// on its own.
     fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Outcome>;
+    /// [`Provider::execute`], with what the answer said about the provider's limits
+    /// (`Retry-After`, `RateLimit` fields; see [`Pushback`]) — the worker's flow control
+    /// reads it on every answer, not only on a throttle. Adapters that read no such
+    /// fields keep the default (nothing said).
+    fn execute_with_pushback<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, (Outcome, Pushback)> {
+        Box::pin(async move { (self.execute(call).await, Pushback::default()) })
+    }
     /// Asks the provider what became of `call.key`.
     fn lookup<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Remote>;
 }

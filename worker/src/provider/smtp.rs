@@ -258,7 +258,8 @@ impl SmtpProvider {
                 }),
             },
             Err(e) if e.is_permanent() => rejected(&smtp_code(&e)),
-            Err(e) if e.is_transient() => not_sent(&smtp_code(&e)),
+            // A transient reply to the final dot: the server did not take the message.
+            Err(e) if e.is_transient() => transient(&e),
             // No reply to the final dot: the server may have taken the message.
             Err(e) if e.is_timeout() => unknown("timeout_after_data"),
             Err(_) => unknown("connection_lost_after_data"),
@@ -375,13 +376,36 @@ fn before_data(e: &lettre::transport::smtp::Error, fallback: &str) -> Outcome {
     if e.is_permanent() {
         rejected(&smtp_code(e))
     } else if e.is_transient() {
-        not_sent(&smtp_code(e))
+        transient(e)
     } else if e.is_timeout() {
         not_sent("connect_timeout")
     } else if e.is_tls() {
         not_sent("tls_handshake")
     } else {
         not_sent(fallback)
+    }
+}
+
+/// 421 (service closing), 450 (mailbox busy), 451 (local error, and the greylisting and
+/// rate-limit answer of most servers), 452 (insufficient storage, and "too many
+/// recipients/messages"): the server asks us to come back later and took nothing. Before
+/// the message was started, so nothing was sent (RFC 5321, 4.2.1).
+fn is_throttle(e: &lettre::transport::smtp::Error) -> bool {
+    matches!(
+        e.status().map(|c| c.to_string()).as_deref(),
+        Some("421" | "450" | "451" | "452")
+    )
+}
+
+/// A transient (4xx) reply: a throttle ([`is_throttle`]) or another not-sent.
+fn transient(e: &lettre::transport::smtp::Error) -> Outcome {
+    if is_throttle(e) {
+        Outcome::Throttled {
+            code: smtp_code(e),
+            retry_after: None,
+        }
+    } else {
+        not_sent(&smtp_code(e))
     }
 }
 

@@ -1,6 +1,14 @@
 //! Claim and dispatch: one statement claims a whole batch, and each won claim becomes a
 //! provider call on its own task, within `max_in_flight`.
 //!
+//! Before the claim, each provider's share of the batch asks the fleet's budget for slots
+//! (one statement per provider, and none for a provider that is neither limited nor
+//! pushing back: see `crate::flow`). A delivery with a slot is claimed and called when its
+//! slot comes (at most a second away); one without is *deferred* by the same claim
+//! statement — `deferred` in the journal with its due time, acked, republished by the
+//! sweeper when due — so waiting for a slow provider holds no worker, no delivery and no
+//! queue.
+//!
 //! Why the permits are taken before the claim: a lease starts ticking when the claim
 //! commits, so a claim must never wait for a call slot. A batch that cannot be claimed
 //! (journal unavailable past the retry budget) goes back to the queue whole; deliveries
@@ -12,6 +20,7 @@ use super::effects;
 use super::intake::Valid;
 use crate::context::Context;
 use crate::decide;
+use crate::flow::Slot;
 use crate::provider::{Call, Outcome};
 use crate::retry;
 use oncely_core::journal::{Claim, ClaimOutcome, ClaimRequest, JournalError};
@@ -37,7 +46,22 @@ pub(super) async fn claim_and_dispatch(
         return;
     };
     let started = Instant::now();
-    let outcomes = match claim_batch(ctx, &valid, started).await {
+    // Slots are offsets from the budget's statement: waiting from when it answered, not
+    // from after the claim, keeps two workers' calls in the order their slots were given.
+    let slots = plan(ctx, &valid).await;
+    let planned_at = Instant::now();
+    let slots = match slots {
+        Ok(slots) => slots,
+        Err(e) => {
+            tracing::error!(error = %e, n = valid.len(), "the providers' budgets cannot be read; deliveries go back to the queue");
+            for v in &valid {
+                acks.refuse(&v.inc.action, &v.inc.delivery, Refuse::Requeue)
+                    .await;
+            }
+            return;
+        }
+    };
+    let outcomes = match claim_batch(ctx, &valid, &slots, started).await {
         Ok(o) => {
             crate::failpoint::hit("after_claim");
             o
@@ -51,11 +75,19 @@ pub(super) async fn claim_and_dispatch(
             return;
         }
     };
-    for (v, outcome) in valid.into_iter().zip(outcomes) {
+    for ((v, outcome), slot) in valid.into_iter().zip(outcomes).zip(slots) {
         match outcome {
             ClaimOutcome::Claimed(claim) => {
                 metrics::counter!(m::DELIVERIES, "action_type" => v.inc.action.to_string(), "verdict" => "claimed").increment(1);
-                dispatch(ctx, v, claim, permits.split(1), started, commit_tx);
+                let at = match slot {
+                    Slot::Call(wait) => planned_at + wait,
+                    Slot::Defer(_) => planned_at,
+                };
+                dispatch(ctx, v, claim, at, permits.split(1), started, commit_tx);
+            }
+            ClaimOutcome::Deferred { .. } => {
+                let provider = provider_of(ctx, &v);
+                effects::deferred(acks, &v, provider).await;
             }
             ClaimOutcome::NotClaimed { why, op } => {
                 effects::not_claimed(ctx, publisher, acks, v, decide::disposition(why), &op).await
@@ -68,11 +100,37 @@ pub(super) async fn claim_and_dispatch(
     }
 }
 
+/// The provider a delivery's action type is routed to (checked before claiming).
+fn provider_of<'c>(ctx: &'c Context, v: &Valid) -> &'c str {
+    ctx.route(&v.env.intent.identity.action_type)
+        .map_or("", |(p, _)| p.provider.as_str())
+}
+
+/// A slot for each delivery: each provider's share of the batch asks its budget once.
+async fn plan(ctx: &Context, valid: &[Valid]) -> Result<Vec<Slot>, JournalError> {
+    let mut by_provider: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+    for (i, v) in valid.iter().enumerate() {
+        by_provider.entry(provider_of(ctx, v)).or_default().push(i);
+    }
+    let mut slots = vec![Slot::Call(Duration::ZERO); valid.len()];
+    for (provider, indices) in by_provider {
+        let planned = retry::journal("take_slots", Duration::from_secs(30), || {
+            ctx.flow.plan(&ctx.journal, provider, indices.len())
+        })
+        .await?;
+        for (i, slot) in indices.into_iter().zip(planned) {
+            slots[i] = slot;
+        }
+    }
+    Ok(slots)
+}
+
 /// The claim statement for a batch (retried through database trouble), one outcome per
-/// delivery, in order.
+/// delivery, in order; deliveries without a slot are deferred by it.
 async fn claim_batch(
     ctx: &Context,
     valid: &[Valid],
+    slots: &[Slot],
     started: Instant,
 ) -> Result<Vec<ClaimOutcome>, JournalError> {
     let requests: Vec<ClaimRequest<'_>> = valid
@@ -84,9 +142,16 @@ async fn claim_batch(
                 .map_or(Duration::from_secs(60), |(p, _)| p.lease),
         })
         .collect();
+    let defer: Vec<Option<Duration>> = slots
+        .iter()
+        .map(|s| match s {
+            Slot::Defer(due) => Some(*due),
+            Slot::Call(_) => None,
+        })
+        .collect();
     metrics::histogram!(m::CLAIM_BATCH_SIZE).record(requests.len() as f64);
     let outcomes = retry::journal("claim", Duration::from_secs(30), || {
-        ctx.journal.claim(&requests, &ctx.owner)
+        ctx.journal.claim_or_defer(&requests, &defer, &ctx.owner)
     })
     .await;
     metrics::histogram!(m::JOURNAL_STATEMENT_SECONDS, "statement" => "claim")
@@ -94,19 +159,25 @@ async fn claim_batch(
     outcomes
 }
 
-/// Call the provider on a task of its own; its permit (split from the batch's, so always
-/// there) is released when the call ends,
+/// Call the provider on a task of its own, at `at` (its slot in the provider's budget);
+/// its permit (split from the batch's, so always there) is released when the call ends,
 /// and the result goes to the commit loop.
 fn dispatch(
     ctx: &Context,
     v: Valid,
     claim: Claim,
+    at: Instant,
     permit: Option<OwnedSemaphorePermit>,
     claimed_at: Instant,
     commit_tx: &mpsc::Sender<Finished>,
 ) {
     let (ctx, tx) = (ctx.clone(), commit_tx.clone());
     tokio::spawn(async move {
+        let wait = at.saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            metrics::histogram!(m::SLOT_WAIT_SECONDS).record(wait.as_secs_f64());
+            tokio::time::sleep_until(at.into()).await;
+        }
         let finished = call(&ctx, v, claim, claimed_at).await;
         drop(permit);
         let _ = tx.send(finished).await;
@@ -150,8 +221,8 @@ async fn call(ctx: &Context, v: Valid, claim: Claim, claimed_at: Instant) -> Fin
         }
     } else {
         let started = Instant::now();
-        let outcome = provider
-            .execute(Call {
+        let (outcome, pushback) = provider
+            .execute_with_pushback(Call {
                 key: &env.key,
                 action_type: env.intent.identity.action_type.as_str(),
                 payload: &env.intent.payload,
@@ -159,13 +230,15 @@ async fn call(ctx: &Context, v: Valid, claim: Claim, claimed_at: Instant) -> Fin
             })
             .await;
         crate::failpoint::hit("after_provider");
+        ctx.flow
+            .observe(&ctx.journal, &policy.provider, &outcome, &pushback);
         let label = decide::outcome_label(&outcome);
         metrics::histogram!(m::PROVIDER_CALL_SECONDS, "provider" => provider.name().to_owned(), "outcome" => label).record(started.elapsed().as_secs_f64());
         tracing::debug!(key = %env.key, action_type = %env.intent.identity.action_type, workflow = %env.intent.identity.workflow_id, attempt = claim.attempt, outcome = label, "provider answered");
         outcome
     };
     Finished {
-        verdict: decide::verdict(outcome, claim.attempt, policy),
+        verdict: decide::verdict(outcome, claim.attempt - claim.throttled, policy),
         inc,
         attempt: claim.attempt,
         env,

@@ -118,6 +118,7 @@ fn reason(v: &Verdict) -> &'static str {
         Verdict::Succeeded { .. } => "provider_succeeded",
         Verdict::FailedFinal { .. } => "provider_rejected",
         Verdict::FailedRetryable { .. } => "provider_not_sent",
+        Verdict::Deferred { .. } => "provider_throttled",
         Verdict::Unknown { .. } => "provider_unknown",
     }
 }

@@ -50,6 +50,18 @@ pub(super) async fn not_claimed(
     }
 }
 
+/// A delivery deferred by its claim (no slot in the provider's budget): the journal holds
+/// it with its due time, the sweeper republishes it then; ack.
+pub(super) async fn deferred(acks: &Acks, v: &Valid, provider: &str) {
+    let action = v.inc.action.to_string();
+    metrics::counter!(m::DELIVERIES, "action_type" => action.clone(), "verdict" => "deferred")
+        .increment(1);
+    metrics::counter!(m::TRANSITIONS, "action_type" => action, "status" => "deferred").increment(1);
+    metrics::counter!(m::DEFERRALS, "provider" => provider.to_owned(), "reason" => "no_budget")
+        .increment(1);
+    acks.ack(&v.inc.action, &v.inc.delivery).await;
+}
+
 /// Same key, another payload or action type: record the refusal, tell the agents, ack.
 async fn conflict(ctx: &Context, publisher: &Publisher, acks: &Acks, v: Valid, op: &Operation) {
     metrics::counter!(m::DELIVERIES, "action_type" => v.inc.action.to_string(), "verdict" => "conflict").increment(1);
@@ -79,7 +91,8 @@ enum AfterCommit {
         age_secs: f64,
         /// `unknown`: hand the key to the reconcile queue (after the write, never before).
         reconcile: bool,
-        /// Publish an outcome event (all but `failed_retryable`, which is not an outcome).
+        /// Publish an outcome event (all but `failed_retryable` and `deferred`, which are
+        /// not outcomes: the operation is still on its way).
         outcome: bool,
     },
 }
@@ -94,7 +107,7 @@ fn after_commit(status: Status, applied: Applied) -> AfterCommit {
         late,
         age_secs,
         reconcile: status == Status::Unknown,
-        outcome: status != Status::FailedRetryable,
+        outcome: !matches!(status, Status::FailedRetryable | Status::Deferred),
     }
 }
 
@@ -221,6 +234,7 @@ mod tests {
                 on_time,
                 applied(false, 1.5, false, false),
             ),
+            (Status::Deferred, on_time, applied(false, 1.5, false, false)),
             (Status::Succeeded, late, applied(true, 2.0, false, true)),
             (Status::Succeeded, Applied::Stale, AfterCommit::Stale),
             (Status::Unknown, Applied::Stale, AfterCommit::Stale),

@@ -48,6 +48,7 @@ use tokio::task::JoinHandle;
 
 /// Run the worker until `shutdown`, reconnecting as needed.
 pub async fn run(ctx: Context, shutdown: Shutdown) -> anyhow::Result<()> {
+    ctx.flow.ensure_with_retry(&ctx.journal).await;
     crate::shutdown::supervise("worker", shutdown, |s| session(&ctx, s)).await
 }
 

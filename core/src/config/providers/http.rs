@@ -70,8 +70,18 @@ pub struct HttpProviderConfig {
     pub key_echo_pointer: String,
     /// HTTP statuses of an execute answer that mean "not done, retry" (besides
     /// connection failures). Every other 4xx is rejected for good; 5xx is unknown.
+    /// A status in `throttle_statuses` is a throttle, whatever this list says.
     #[serde(default = "default_retry_statuses")]
     pub retry_statuses: Vec<u16>,
+    /// HTTP statuses that mean "slow down, nothing was done": the attempt is deferred, not
+    /// spent, and the whole fleet backs off from this provider (its `Retry-After`). A
+    /// `503` with a `Retry-After` header is a throttle too, whatever this list says; a
+    /// `503` without one is an unknown (the provider may have acted).
+    #[serde(default = "default_throttle_statuses")]
+    pub throttle_statuses: Vec<u16>,
+    /// What the provider allows the whole fleet: see [`super::RateLimitConfig`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<super::RateLimitConfig>,
     /// HTTP statuses that mean "a request with this key is still in progress".
     #[serde(default = "default_in_flight_statuses")]
     pub in_flight_statuses: Vec<u16>,
@@ -149,7 +159,10 @@ fn default_key_echo_pointer() -> String {
     "/idempotency_key".into()
 }
 fn default_retry_statuses() -> Vec<u16> {
-    vec![408, 429]
+    vec![408]
+}
+fn default_throttle_statuses() -> Vec<u16> {
+    vec![429]
 }
 fn default_in_flight_statuses() -> Vec<u16> {
     vec![409]
@@ -199,6 +212,8 @@ impl HttpProviderConfig {
             key_echo_pointer: default_key_echo_pointer(),
             retry_statuses: default_retry_statuses(),
             in_flight_statuses: default_in_flight_statuses(),
+            throttle_statuses: default_throttle_statuses(),
+            rate_limit: None,
             lookup_path: String::new(),
             lookup_by_reference_path: String::new(),
             reference_pointer: default_reference_pointer(),

@@ -39,6 +39,7 @@ impl HttpProviderConfig {
         for (field, statuses) in [
             ("retry_statuses", &self.retry_statuses),
             ("in_flight_statuses", &self.in_flight_statuses),
+            ("throttle_statuses", &self.throttle_statuses),
         ] {
             if let Some(bad) = statuses.iter().find(|s| !(400..=599).contains(*s)) {
                 return Err(invalid(
@@ -47,15 +48,21 @@ impl HttpProviderConfig {
                 ));
             }
         }
-        if let Some(both) = self
-            .retry_statuses
-            .iter()
-            .find(|s| self.in_flight_statuses.contains(s))
-        {
-            return Err(invalid(
-                f("in_flight_statuses"),
-                format!("{both} is also in retry_statuses"),
-            ));
+        // A status in both retry_statuses and throttle_statuses is a throttle (files that
+        // listed 429 as a retry status, the old default, keep working).
+        for (other, statuses) in [
+            ("retry_statuses", &self.retry_statuses),
+            ("throttle_statuses", &self.throttle_statuses),
+        ] {
+            if let Some(both) = statuses
+                .iter()
+                .find(|s| self.in_flight_statuses.contains(s))
+            {
+                return Err(invalid(
+                    f("in_flight_statuses"),
+                    format!("{both} is also in {other}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -147,6 +154,8 @@ mod tests {
             ),
             (|c| c.retry_statuses = vec![200], "retry_statuses"),
             (|c| c.in_flight_statuses = vec![429], "in_flight_statuses"),
+            (|c| c.in_flight_statuses = vec![408], "in_flight_statuses"),
+            (|c| c.throttle_statuses = vec![200], "throttle_statuses"),
             (
                 |c| c.lookup_list_pointer = "data".into(),
                 "lookup_list_pointer",

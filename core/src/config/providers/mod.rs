@@ -17,11 +17,13 @@ use std::time::Duration;
 
 pub mod http;
 mod mapping;
+pub mod rate_limit;
 pub mod smtp;
 pub mod template;
 pub mod value;
 
 pub use http::{BasicAuth, Encoding, HttpProviderConfig};
+pub use rate_limit::RateLimitConfig;
 pub use smtp::{ImapArchive, Security, SmtpProviderConfig};
 pub use value::ValueSource;
 
@@ -65,8 +67,19 @@ impl ProviderConfig {
         }
     }
 
+    /// What the provider allows the whole fleet (`[providers.NAME.rate_limit]`).
+    pub fn rate_limit(&self) -> Option<&RateLimitConfig> {
+        match self {
+            Self::Http(c) => c.rate_limit.as_ref(),
+            Self::Smtp(c) => c.rate_limit.as_ref(),
+        }
+    }
+
     /// The adapter's own checks; errors name the field under `at` (`providers.NAME`).
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        if let Some(limit) = self.rate_limit() {
+            limit.validate(at)?;
+        }
         match self {
             Self::Http(c) => c.validate(at),
             Self::Smtp(c) => c.validate(at),

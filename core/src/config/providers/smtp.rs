@@ -77,6 +77,9 @@ pub struct SmtpProviderConfig {
     /// The archive mailbox to ask whether a message went out (absent: no lookup).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<ImapArchive>,
+    /// What the mail server allows the whole fleet: see [`super::RateLimitConfig`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<super::RateLimitConfig>,
 }
 
 /// `[providers.NAME.archive]`: an IMAP mailbox that receives a copy of every message.
