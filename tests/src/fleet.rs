@@ -379,6 +379,17 @@ impl Fleet {
         }
     }
 
+    /// Change the config every process spawned from now on reads (the file is written
+    /// again; the processes already running keep theirs).
+    pub fn reconfigure(&mut self, change: impl FnOnce(&mut Config)) {
+        change(&mut self.config);
+        let toml = self
+            .config
+            .to_toml()
+            .unwrap_or_else(|e| panic!("test config: {e}"));
+        std::fs::write(&self.config_path, toml).unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// Names for this fleet.
     pub fn topology(&self) -> Topology {
         Topology::new(&self.config.broker)

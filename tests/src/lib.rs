@@ -239,6 +239,7 @@ pub mod private_broker;
 pub mod private_cluster;
 pub mod private_pg;
 pub mod proxy;
+pub mod rate_limiter;
 pub mod roles;
 pub mod tls;
 

@@ -49,7 +49,7 @@ pub struct Nginx {
 }
 
 /// Debian installs it in /usr/sbin, which a non-root user's `PATH` may lack.
-fn program() -> &'static str {
+pub(crate) fn program() -> &'static str {
     if Path::new("/usr/sbin/nginx").exists() {
         "/usr/sbin/nginx"
     } else {

@@ -45,10 +45,11 @@ impl Journal {
             .collect())
     }
 
-    /// Give up the due `deferred` rows deferred for longer than their action type's
-    /// `max_defer` (`patience`: action type → max_defer; `default` for the others):
-    /// `failed_final` with `deferred_too_long`, payload dropped. Never sent, so never
-    /// unknown. At most `limit`; returns the rows as they are now.
+    /// Give up the `deferred` rows deferred for longer than their action type's
+    /// `max_defer` (`patience`: action type → max_defer; `default` for the others), due
+    /// or not: `failed_final` with `deferred_too_long`, payload dropped. Never sent, so
+    /// never unknown. At most `limit`, the longest-deferred first (read on the partial
+    /// index of deferred rows by `deferred_since`); returns the rows as they are now.
     pub async fn give_up_deferred(
         &self,
         patience: &[(String, Duration)],
@@ -64,9 +65,10 @@ impl Journal {
         let keys: Vec<String> = sqlx::query_scalar(
             "WITH due AS (SELECT o.idempotency_key FROM agent_operations o \
                  LEFT JOIN unnest($1::text[], $2::float8[]) AS p(a, m) ON p.a = o.action_type \
-                 WHERE o.status = 'deferred' AND o.lease_until <= now() \
+                 WHERE o.status = 'deferred' \
+                   AND o.deferred_since < now() - make_interval(secs => $6) \
                    AND o.deferred_since < now() - make_interval(secs => coalesce(p.m, $3)) \
-                 ORDER BY o.lease_until LIMIT $4 FOR UPDATE OF o SKIP LOCKED) \
+                 ORDER BY o.deferred_since LIMIT $4 FOR UPDATE OF o SKIP LOCKED) \
              UPDATE agent_operations o SET status = 'failed_final', last_error_code = 'deferred_too_long', \
                  lease_until = NULL, payload = NULL, payload_sealed = NULL, payload_key_id = NULL, \
                  last_actor = $5, last_reason = 'deferred_too_long', updated_at = now() \
@@ -78,6 +80,8 @@ impl Journal {
         .bind(default.as_secs_f64())
         .bind(limit)
         .bind(actor)
+        // The shortest patience: the index's range; each row is then held to its own.
+        .bind(limits.iter().copied().fold(default.as_secs_f64(), f64::min))
         .fetch_all(&self.db)
         .await?;
         Ok(self.get_many_by_text(&keys).await?.into_values().collect())

@@ -7,6 +7,7 @@ mod cluster;
 mod dashboards;
 mod desk;
 mod failover;
+mod flow;
 mod gateway;
 mod http2;
 mod https;
