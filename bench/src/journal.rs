@@ -77,7 +77,7 @@ impl SchemaPart {
             SchemaPart::AsMigrated => "as migrated",
             SchemaPart::NoEvents => "without the events triggers",
             SchemaPart::NoIdentityIndex => "without the identity index",
-            SchemaPart::NoSweeperIndexes => "without the sweeper's two partial indexes",
+            SchemaPart::NoSweeperIndexes => "without the sweeper's partial indexes",
             SchemaPart::NoneOfThem => "without all three",
         }
     }
@@ -89,11 +89,19 @@ impl SchemaPart {
             "DROP TRIGGER agent_operations_update_events ON agent_operations",
         ];
         const IDENTITY: [&str; 1] = ["DROP INDEX agent_operations_identity_idx"];
-        const SWEEPER: [&str; 2] = [
+        const SWEEPER: [&str; 3] = [
             "DROP INDEX agent_operations_planned_idx",
             "DROP INDEX agent_operations_clocks_idx",
+            "DROP INDEX agent_operations_deferred_since_idx",
         ];
-        const ALL: [&str; 5] = [EVENTS[0], EVENTS[1], IDENTITY[0], SWEEPER[0], SWEEPER[1]];
+        const ALL: [&str; 6] = [
+            EVENTS[0],
+            EVENTS[1],
+            IDENTITY[0],
+            SWEEPER[0],
+            SWEEPER[1],
+            SWEEPER[2],
+        ];
         match self {
             SchemaPart::AsMigrated => &[],
             SchemaPart::NoEvents => &EVENTS,

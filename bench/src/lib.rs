@@ -185,7 +185,7 @@ pub struct BenchArgs {
     /// Instead of the usual table: the journal floor (oncely's record, claim and
     /// completion statements, C per statement, 2 × --fleet connections) on oncely's schema
     /// as migrated and with parts of it removed — the events triggers, the identity index,
-    /// the sweeper's two partial indexes, all three — each on a new database, in turn,
+    /// the sweeper's partial indexes, all three — each on a new database, in turn,
     /// this many rounds: what each part costs Postgres per action. A diagnostic: oncely
     /// never runs without them.
     #[arg(long, value_name = "ROUNDS", conflicts_with_all = ["journal_rows", "filled_journal", "dead_entries"])]

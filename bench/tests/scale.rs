@@ -159,6 +159,7 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
         names,
         [
             "agent_operations_clocks_idx",
+            "agent_operations_deferred_since_idx",
             "agent_operations_identity_idx",
             "agent_operations_pkey",
             "agent_operations_planned_idx"

@@ -72,16 +72,18 @@ pub const PROVIDER_THROTTLES: &str = "oncely_provider_throttles_total";
 pub const DEFERRALS: &str = "oncely_deferrals_total";
 /// Deferred operations given up after `max_defer` (`deferred_too_long`), by `action_type`.
 pub const DEFERRED_GIVEN_UP: &str = "oncely_deferred_given_up_total";
-/// The rate in force for a provider (requests/s across the fleet), by `provider`; absent
-/// while unlimited. Beside it, [`PROVIDER_RATE_CONFIGURED`].
+/// The rate in force for a provider (requests/s across the fleet), by `provider`; NaN
+/// while unlimited. Set by the reconciler every sweep. Beside it,
+/// [`PROVIDER_RATE_CONFIGURED`].
 pub const PROVIDER_RATE: &str = "oncely_provider_rate_per_second";
 /// The configured rate of a provider (`[providers.NAME.rate_limit] per_second`).
 pub const PROVIDER_RATE_CONFIGURED: &str = "oncely_provider_rate_configured_per_second";
 /// Seconds a provider is still paused for (its `Retry-After`), by `provider`.
 pub const PROVIDER_PAUSED_SECONDS: &str = "oncely_provider_paused_seconds";
-/// Operations waiting in `deferred` (all providers), counted by the sweeper.
+/// Operations waiting in `deferred`, by `provider`, counted by the sweeper.
 pub const DEFERRED_BACKLOG: &str = "oncely_deferred_backlog";
-/// How long the oldest deferred operation has been waiting since it was first deferred.
+/// How long the oldest deferred operation of a `provider` has been waiting since it was
+/// first deferred.
 pub const DEFERRED_OLDEST_AGE: &str = "oncely_deferred_oldest_age_seconds";
 /// Time a won claim waited for its slot in the provider's budget before the call.
 pub const SLOT_WAIT_SECONDS: &str = "oncely_slot_wait_seconds";

@@ -171,9 +171,6 @@ impl Flow {
                 DEFAULT_HORIZON,
             )
             .await?;
-        if let Some(rate) = grant.rate {
-            metrics::gauge!(m::PROVIDER_RATE, "provider" => provider.to_owned()).set(rate);
-        }
         Ok(grant
             .slots
             .into_iter()

@@ -800,6 +800,46 @@ fn set_status_gauges(counts: Vec<(String, i64)>, which: impl Fn(&Status) -> bool
     }
 }
 
+/// Per provider: the deferred backlog and its oldest's age, the rate in force and the
+/// configured one, the pause left — what the dashboard's "Rate limits" row and the
+/// alert "backlog will not drain" read.
+async fn set_flow_gauges(ctx: &Context) -> anyhow::Result<()> {
+    let mut backlog: std::collections::BTreeMap<&str, (i64, f64)> = ctx
+        .flow
+        .routes()
+        .map(|(provider, _, _)| (provider, (0, 0.0)))
+        .collect();
+    for (action_type, n, age) in ctx.journal.deferred_backlog().await? {
+        let provider = ctx
+            .config
+            .actions
+            .get(&action_type)
+            .map_or("", |p| p.provider.as_str());
+        if let Some(entry) = backlog.get_mut(provider) {
+            entry.0 += n;
+            entry.1 = entry.1.max(age);
+        }
+    }
+    for (provider, (n, age)) in backlog {
+        metrics::gauge!(m::DEFERRED_BACKLOG, "provider" => provider.to_owned()).set(n as f64);
+        metrics::gauge!(m::DEFERRED_OLDEST_AGE, "provider" => provider.to_owned()).set(age);
+    }
+    let now = chrono::Utc::now();
+    for b in ctx.journal.budgets().await? {
+        let p = b.provider.clone();
+        match b.rate {
+            Some(r) => metrics::gauge!(m::PROVIDER_RATE, "provider" => p.clone()).set(r),
+            None => metrics::gauge!(m::PROVIDER_RATE, "provider" => p.clone()).set(f64::NAN),
+        }
+        if let Some(r) = b.configured_rate {
+            metrics::gauge!(m::PROVIDER_RATE_CONFIGURED, "provider" => p.clone()).set(r);
+        }
+        let paused = (b.paused_until - now).num_milliseconds().max(0) as f64 / 1000.0;
+        metrics::gauge!(m::PROVIDER_PAUSED_SECONDS, "provider" => p).set(paused);
+    }
+    Ok(())
+}
+
 /// The backlog gauges. Every live status gets a value each sweep (0 too, or an emptied
 /// status would keep its last one), counted on the live rows' own indexes, `planned` and
 /// `executing` within the passes' windows ([`Since`]); the terminal statuses when
@@ -815,6 +855,7 @@ async fn set_gauges(ctx: &Context, totals: &mut Totals, since: &Bounds) -> anyho
         .live_status_counts(planned, since.leases.window(now))
         .await?;
     set_status_gauges(live, |s| !s.is_terminal());
+    set_flow_gauges(ctx).await?;
     totals.start_if_due(ctx);
     let open = ctx.journal.open_reviews().await?;
     metrics::gauge!(m::REVIEWS_OPEN).set((open.for_person + open.for_lookup) as f64);

@@ -87,14 +87,15 @@ impl Journal {
         Ok(self.get_many_by_text(&keys).await?.into_values().collect())
     }
 
-    /// How many operations are `deferred`, and how long the oldest has been waiting
-    /// since it was first deferred (seconds; 0 with none). Read on the clocks index.
-    pub async fn deferred_backlog(&self) -> Result<(i64, f64), JournalError> {
+    /// Per action type: how many operations are `deferred`, and how long the oldest has
+    /// been waiting since it was first deferred (seconds). Read on the partial index of
+    /// deferred rows: the cost is the backlog's size, counted every sweep.
+    pub async fn deferred_backlog(&self) -> Result<Vec<(String, i64, f64)>, JournalError> {
         Ok(sqlx::query_as(
-            "SELECT count(*), coalesce(extract(epoch FROM now() - min(deferred_since)), 0)::float8 \
-             FROM agent_operations WHERE status = 'deferred'",
+            "SELECT action_type, count(*), coalesce(extract(epoch FROM now() - min(deferred_since)), 0)::float8 \
+             FROM agent_operations WHERE status = 'deferred' GROUP BY action_type",
         )
-        .fetch_one(&self.db)
+        .fetch_all(&self.db)
         .await?)
     }
 }
