@@ -88,6 +88,9 @@ pub const DEFERRED_OLDEST_AGE: &str = "oncely_deferred_oldest_age_seconds";
 /// Time a won claim waited for its slot in the provider's budget before the call.
 pub const SLOT_WAIT_SECONDS: &str = "oncely_slot_wait_seconds";
 
+/// Submits the gateway refused with 429 over a quota, by `scope` (`token`, `tenant`).
+pub const GATEWAY_QUOTA_REFUSALS: &str = "oncely_gateway_quota_refusals_total";
+
 /// Gateway requests, by `route`, `method` and `status`.
 pub const GATEWAY_REQUESTS: &str = "oncely_gateway_requests_total";
 /// Gateway request latency, by `route` and `method`.

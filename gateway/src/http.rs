@@ -121,6 +121,17 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        // Over a quota: the IETF RateLimit fields (draft-ietf-httpapi-ratelimit-headers),
+        // so a client library can pace itself without parsing the message.
+        if let (Some((scope, quota)), Some(s)) = (self.quota, self.retry_after) {
+            let policy = format!("\"{scope}\";q={};w=1", quota.per_second);
+            let now = format!("\"{scope}\";r=0;t={s}");
+            for (name, value) in [("ratelimit-policy", policy), ("ratelimit", now)] {
+                if let Ok(v) = HeaderValue::from_str(&value) {
+                    r.headers_mut().insert(name, v);
+                }
+            }
+        }
         if status == StatusCode::UNAUTHORIZED {
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -282,6 +293,7 @@ fn percent_encode(s: &str) -> String {
         (status = 409, description = "A request with this Idempotency-Key is still being recorded", body = ErrorAnswer),
         (status = 413, description = "Body too large", body = ErrorAnswer),
         (status = 422, description = "`conflict`: the same identity was requested with another payload (nothing executed); `idempotency_key_reused`", body = ErrorAnswer),
+        (status = 429, description = "`rate_limited`: over the token's or the tenant's quota; nothing was recorded (headers `Retry-After`, `RateLimit`, `RateLimit-Policy`); retrying after the wait is safe", body = ErrorAnswer),
         (status = 503, description = "Postgres or RabbitMQ is down (header `Retry-After`); retrying is safe", body = ErrorAnswer)
     ),
     security(("bearer" = []))

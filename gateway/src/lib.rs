@@ -10,7 +10,8 @@
 //! - [`coalesce`]: concurrent requests recorded and published as one batch.
 //! - [`http`]: the HTTP API, `/openapi.json`, the ops listener.
 //! - [`mcp`]: the MCP tool server (streamable HTTP at `/mcp`, stdio).
-//! - [`tokens`]: bearer tokens, tenants, allowed action types.
+//! - [`tokens`]: bearer tokens, tenants, allowed action types, quotas.
+//! - [`quota`]: the quotas per token and per tenant (429 at the front door).
 //! - [`client_keys`]: the optional `Idempotency-Key` header.
 //! - [`cli`]: the `oncely-gateway` command.
 
@@ -20,6 +21,7 @@ pub mod coalesce;
 pub mod desk;
 pub mod http;
 pub mod mcp;
+pub mod quota;
 pub mod service;
 pub mod tokens;
 

@@ -507,6 +507,14 @@ fn error_result(text: String, structured: Value) -> CallToolResult {
 }
 
 fn api_error_result(e: &ApiError) -> CallToolResult {
+    if let (429, Some(secs)) = (e.status, e.retry_after) {
+        return error_result(
+            format!(
+                "rate limited, try again in {secs} s (nothing was recorded: call the tool again then, with the same arguments)"
+            ),
+            json!({"outcome": "error", "error": {"status": 429, "code": e.code, "message": e.message, "retry_after": secs}}),
+        );
+    }
     let field = e
         .field
         .as_deref()

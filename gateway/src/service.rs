@@ -122,8 +122,10 @@ pub struct ApiError {
     pub field: Option<String>,
     /// The key concerned, when there is one (conflicts, recorded-but-not-published).
     pub key: Option<String>,
-    /// Seconds, for 503.
+    /// Seconds, for 503 and 429.
     pub retry_after: Option<u64>,
+    /// For a 429 over a quota: the quota (`RateLimit-Policy`), by scope.
+    pub quota: Option<(&'static str, crate::quota::Quota)>,
 }
 
 impl ApiError {
@@ -136,6 +138,24 @@ impl ApiError {
             field: None,
             key: None,
             retry_after: None,
+            quota: None,
+        }
+    }
+
+    /// `429 rate_limited`: over the caller's quota (nothing was recorded).
+    fn over_quota(o: &crate::quota::OverQuota) -> Self {
+        let secs = o.retry_after.as_secs();
+        Self {
+            retry_after: Some(secs),
+            quota: Some((o.scope, o.quota)),
+            ..Self::new(
+                429,
+                "rate_limited",
+                format!(
+                    "over the {} quota ({} per second): nothing was recorded; try again in {secs} s",
+                    o.scope, o.quota.per_second
+                ),
+            )
         }
     }
 
@@ -185,6 +205,7 @@ pub struct Service {
     config: Arc<Config>,
     secret: KeyRing,
     tokens: Tokens,
+    quotas: crate::quota::Quotas,
     schemas: PayloadSchemas,
     producer: RwLock<Arc<Producer>>,
     /// Every enqueue goes through here, to be recorded with the requests beside it.
@@ -210,6 +231,7 @@ impl Service {
             config: Arc::new(config),
             secret,
             tokens,
+            quotas: crate::quota::Quotas::default(),
             schemas,
             producer: RwLock::new(Arc::new(producer)),
             enqueues: Coalescer::start(IN_FLIGHT, MAX_BATCH, enqueue_batch),
@@ -223,6 +245,26 @@ impl Service {
     /// The caller a bearer token belongs to (`None`: refuse with 401).
     pub fn authenticate(&self, bearer_token: &str) -> Option<Caller> {
         self.tokens.authenticate(bearer_token)
+    }
+
+    /// Spend one submit of the caller's quotas (its token's and its tenant's), or refuse
+    /// with 429 before anything is recorded.
+    fn admit(&self, caller: &Caller) -> Result<(), ApiError> {
+        let mut quotas = Vec::with_capacity(2);
+        if let Some(q) = caller.quota {
+            quotas.push(("token", caller.token_id.as_str(), q));
+        }
+        if let Some(q) = caller.tenant_quota {
+            quotas.push(("tenant", caller.tenant.as_str(), q));
+        }
+        if quotas.is_empty() {
+            return Ok(());
+        }
+        self.quotas.admit(&quotas).map_err(|o| {
+            metrics::counter!(oncely_core::metrics::GATEWAY_QUOTA_REFUSALS, "scope" => o.scope)
+                .increment(1);
+            ApiError::over_quota(&o)
+        })
     }
 
     /// The current producer.
@@ -276,6 +318,7 @@ impl Service {
         mut body: Map<String, Value>,
         client_key: Option<&str>,
     ) -> Result<Submitted, ApiError> {
+        self.admit(caller)?;
         if !self.config.actions.contains_key(action_type) {
             return Err(ApiError::new(
                 404,

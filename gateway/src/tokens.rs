@@ -8,6 +8,11 @@
 //! tenant = "acme"                      # part of every key this token creates
 //! sha256 = "9f86d08…"                  # `oncely-gateway token hash` prints it
 //! actions = ["payment_order.create"]   # optional; absent = every configured type
+//! quota = { per_second = 5, burst = 20 }  # optional: submits this token may make
+//!
+//! [[tenant]]                           # optional: a quota shared by every token of a tenant
+//! name = "acme"
+//! quota = { per_second = 50, burst = 100 }
 //! ```
 //!
 //! A presented token is hashed and compared with *every* entry in constant time (no early
@@ -28,6 +33,10 @@ pub struct Caller {
     pub token_id: String,
     /// The action types this token may enqueue; `None` = all configured ones.
     pub allowed: Option<BTreeSet<String>>,
+    /// This token's quota of submits.
+    pub quota: Option<crate::quota::Quota>,
+    /// Its tenant's quota, shared by every token of the tenant.
+    pub tenant_quota: Option<crate::quota::Quota>,
 }
 
 impl Caller {
@@ -44,6 +53,15 @@ impl Caller {
 struct File {
     #[serde(default)]
     token: Vec<Entry>,
+    #[serde(default)]
+    tenant: Vec<TenantEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantEntry {
+    name: String,
+    quota: crate::quota::Quota,
 }
 
 #[derive(Debug, Deserialize)]
@@ -54,6 +72,8 @@ struct Entry {
     sha256: String,
     #[serde(default)]
     actions: Option<Vec<String>>,
+    #[serde(default)]
+    quota: Option<crate::quota::Quota>,
 }
 
 /// The loaded tokens.
@@ -92,6 +112,16 @@ impl Tokens {
         if file.token.is_empty() {
             return Err("no [[token]] entries: nobody could call the gateway".into());
         }
+        let mut tenant_quotas = std::collections::BTreeMap::new();
+        for (i, t) in file.tenant.into_iter().enumerate() {
+            let at = format!("tenant[{i}] ({:?})", t.name);
+            if let Some(problem) = t.quota.problem() {
+                return Err(format!("{at}: {problem}"));
+            }
+            if tenant_quotas.insert(t.name, t.quota).is_some() {
+                return Err(format!("{at}: a tenant may have one [[tenant]] entry"));
+            }
+        }
         let mut ids = BTreeSet::new();
         let mut entries = Vec::new();
         for (i, e) in file.token.into_iter().enumerate() {
@@ -120,12 +150,17 @@ impl Tokens {
                     Some(list.into_iter().collect())
                 }
             };
+            if let Some(problem) = e.quota.and_then(|q| q.problem()) {
+                return Err(format!("{at}: {problem}"));
+            }
             entries.push((
                 hash,
                 Caller {
+                    tenant_quota: tenant_quotas.get(&e.tenant).copied(),
                     tenant: e.tenant,
                     token_id: e.id,
                     allowed,
+                    quota: e.quota,
                 },
             ));
         }

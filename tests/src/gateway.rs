@@ -15,6 +15,8 @@ pub struct TokenSpec {
     pub tenant: &'static str,
     /// Allowed action types (`None`: all).
     pub actions: Option<&'static [&'static str]>,
+    /// Its quota: `(per_second, burst)`.
+    pub quota: Option<(f64, u32)>,
 }
 
 /// Tenant `acme` with every action type.
@@ -22,18 +24,28 @@ pub const TOKEN_A: TokenSpec = TokenSpec {
     token: "token-acme",
     tenant: "acme",
     actions: None,
+    quota: None,
 };
 /// Tenant `globex` with every action type.
 pub const TOKEN_B: TokenSpec = TokenSpec {
     token: "token-globex",
     tenant: "globex",
     actions: None,
+    quota: None,
 };
 /// Tenant `acme`, `ticket.create` only.
 pub const TOKEN_LIMITED: TokenSpec = TokenSpec {
     token: "token-acme-tickets",
     tenant: "acme",
     actions: Some(&["ticket.create"]),
+    quota: None,
+};
+/// Tenant `initech`, every action type, at most 2 submits at once and 1 every 10 s.
+pub const TOKEN_QUOTA: TokenSpec = TokenSpec {
+    token: "token-initech",
+    tenant: "initech",
+    actions: None,
+    quota: Some((0.1, 2)),
 };
 
 /// The payload schema the gateway tests declare for `email.send`.
@@ -139,6 +151,11 @@ pub fn write_tokens(fleet: &Fleet, tokens: &[TokenSpec]) -> std::path::PathBuf {
         ));
         if let Some(a) = t.actions {
             text.push_str(&format!("actions = {a:?}\n"));
+        }
+        if let Some((per_second, burst)) = t.quota {
+            text.push_str(&format!(
+                "quota = {{ per_second = {per_second:?}, burst = {burst} }}\n"
+            ));
         }
         text.push('\n');
     }

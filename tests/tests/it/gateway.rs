@@ -3,7 +3,9 @@
 
 use oncely_tests::eventually;
 use oncely_tests::fleet::{Fleet, FleetOptions};
-use oncely_tests::gateway::{Client, Gateway, TOKEN_A, TOKEN_B, TOKEN_LIMITED, with_email_schema};
+use oncely_tests::gateway::{
+    Client, Gateway, TOKEN_A, TOKEN_B, TOKEN_LIMITED, TOKEN_QUOTA, with_email_schema,
+};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -585,4 +587,43 @@ async fn the_same_request_from_many_agents_at_once_is_recorded_once() {
     .await;
     assert_eq!(fleet.sandbox.effects().count(&key), 1, "one email");
     assert_eq!(fleet.sandbox.effects().total, 1);
+}
+
+/// A token over its quota gets `429` with `Retry-After` and the `RateLimit` fields, and
+/// nothing is recorded; another token is not held back by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_over_its_quota_gets_429_and_nothing_is_recorded() {
+    let fleet = fleet().await;
+    let gw = Gateway::start(&fleet, &[TOKEN_QUOTA, TOKEN_B]).await;
+    let mut c = gw.client(TOKEN_QUOTA.token).await;
+    for n in 0..2 {
+        let r = c.submit("email.send", &body(n, "email.send")).await;
+        assert_eq!(r.status, 202, "within the burst: {}", r.body);
+    }
+    let r = c.submit("email.send", &body(2, "email.send")).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.code(), "rate_limited");
+    let retry_after: u64 = r.headers["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=10).contains(&retry_after), "{retry_after}");
+    assert_eq!(r.headers["ratelimit-policy"], "\"token\";q=0.1;w=1");
+    assert_eq!(
+        r.headers["ratelimit"].to_str().expect("ascii"),
+        format!("\"token\";r=0;t={retry_after}")
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_operations")
+        .fetch_one(&fleet.db.pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 2, "the refused submit recorded nothing");
+    let mut other = gw.client(TOKEN_B.token).await;
+    let r = other.submit("email.send", &body(3, "email.send")).await;
+    assert_eq!(
+        r.status, 202,
+        "another tenant's token has its own quota: {}",
+        r.body
+    );
 }
