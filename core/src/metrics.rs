@@ -76,7 +76,8 @@ pub const DEFERRED_GIVEN_UP: &str = "oncely_deferred_given_up_total";
 /// while unlimited. Set by the reconciler every sweep. Beside it,
 /// [`PROVIDER_RATE_CONFIGURED`].
 pub const PROVIDER_RATE: &str = "oncely_provider_rate_per_second";
-/// The configured rate of a provider (`[providers.NAME.rate_limit] per_second`).
+/// The configured rate of a provider (`[providers.NAME.rate_limit] per_second`; NaN when
+/// none is configured).
 pub const PROVIDER_RATE_CONFIGURED: &str = "oncely_provider_rate_configured_per_second";
 /// Seconds a provider is still paused for (its `Retry-After`), by `provider`.
 pub const PROVIDER_PAUSED_SECONDS: &str = "oncely_provider_paused_seconds";
@@ -134,14 +135,16 @@ pub fn install(addr: Option<SocketAddr>) -> Result<(), String> {
         .map_err(|e| format!("cannot serve metrics on {addr:?}: {e}"))
 }
 
-/// The flow-control series of each provider, at 0 from the start (see [`init_series`]).
-pub fn init_provider_series(providers: &[&str]) {
+/// The flow-control series of each provider, at 0 from the start (see [`init_series`]):
+/// `(name, the code of its usual throttle)` — `http_429`, `smtp_421`.
+pub fn init_provider_series(providers: &[(&str, &'static str)]) {
     use metrics::counter;
-    for &p in providers {
+    for &(p, throttle) in providers {
         let p = p.to_owned();
         for reason in ["throttled", "no_budget"] {
             counter!(DEFERRALS, "provider" => p.clone(), "reason" => reason).increment(0);
         }
+        counter!(PROVIDER_THROTTLES, "provider" => p.clone(), "code" => throttle).increment(0);
     }
 }
 

@@ -176,7 +176,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = load_config(cli.config.as_deref(), &actions)?;
             let ctx = context(config, Process::Worker).await?;
             oncely_core::metrics::init_series(&ctx.action_types());
-            oncely_core::metrics::init_provider_series(&ctx.flow.provider_names());
+            oncely_core::metrics::init_provider_series(&ctx.flow.provider_series());
             crate::runner::run(ctx, Shutdown::on_signals()).await
         }
         Command::Reconcile => {
@@ -184,7 +184,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = load_config(cli.config.as_deref(), &[])?;
             let ctx = context(config, Process::Reconciler).await?;
             oncely_core::metrics::init_series(&ctx.action_types());
-            oncely_core::metrics::init_provider_series(&ctx.flow.provider_names());
+            oncely_core::metrics::init_provider_series(&ctx.flow.provider_series());
             crate::reconciler::run(ctx, Shutdown::on_signals()).await
         }
         Command::Admin(cmd) => {

@@ -45,6 +45,8 @@ struct ProviderFlow {
     name: String,
     limit: Option<Limit>,
     action_types: Vec<String>,
+    /// `http_429` or `smtp_421`: the code its throttles usually carry.
+    throttle_code: &'static str,
     /// The row as last read (unconfigured providers only), and when.
     cached: Mutex<Option<(Instant, BudgetState)>>,
     /// Successful calls in the current one-second window, for the rate first set when an
@@ -93,6 +95,11 @@ impl Flow {
                     name: name.clone(),
                     limit,
                     action_types,
+                    throttle_code: if p.kind() == "smtp" {
+                        "smtp_421"
+                    } else {
+                        "http_429"
+                    },
                     cached: Mutex::new(None),
                     window: Mutex::new(Window {
                         start: Instant::now(),
@@ -142,9 +149,12 @@ impl Flow {
             .map(|p| (p.name.as_str(), p.action_types.as_slice(), p.limit))
     }
 
-    /// The provider names, for the metrics' series.
-    pub fn provider_names(&self) -> Vec<&str> {
-        self.providers.keys().map(String::as_str).collect()
+    /// The providers and the code of their usual throttle, for the metrics' series.
+    pub fn provider_series(&self) -> Vec<(&str, &'static str)> {
+        self.providers
+            .values()
+            .map(|p| (p.name.as_str(), p.throttle_code))
+            .collect()
     }
 
     /// Slots for `n` requests to `provider`, in order: the first are to be called (after

@@ -831,9 +831,8 @@ async fn set_flow_gauges(ctx: &Context) -> anyhow::Result<()> {
             Some(r) => metrics::gauge!(m::PROVIDER_RATE, "provider" => p.clone()).set(r),
             None => metrics::gauge!(m::PROVIDER_RATE, "provider" => p.clone()).set(f64::NAN),
         }
-        if let Some(r) = b.configured_rate {
-            metrics::gauge!(m::PROVIDER_RATE_CONFIGURED, "provider" => p.clone()).set(r);
-        }
+        metrics::gauge!(m::PROVIDER_RATE_CONFIGURED, "provider" => p.clone())
+            .set(b.configured_rate.unwrap_or(f64::NAN));
         let paused = (b.paused_until - now).num_milliseconds().max(0) as f64 / 1000.0;
         metrics::gauge!(m::PROVIDER_PAUSED_SECONDS, "provider" => p).set(paused);
     }

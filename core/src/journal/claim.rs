@@ -282,35 +282,19 @@ impl Journal {
         // `ORDER BY k`: rows are locked in key order, so two workers claiming the same keys
         // (redeliveries come in any order) wait for each other instead of deadlocking.
         // A deferred row (`d` set) takes no attempt, no lease and no owner: it is `deferred`,
-        // due at `now() + d`, and keeps (or starts) its `deferred_since`.
-        let rows = bind_columns!(sqlx::query(
-            "INSERT INTO agent_operations AS o (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
-                 revision, payload_hash, payload, status, attempt_count, lease_until, lease_owner, first_attempt_at, \
-                 last_actor, last_reason, payload_sealed, payload_key_id, deferred_since) \
-             SELECT k, a, t, w, s, b, r, h, p::jsonb, CASE WHEN d IS NULL THEN 'executing' ELSE 'deferred' END, \
-                 CASE WHEN d IS NULL THEN 1 ELSE 0 END, now() + make_interval(secs => coalesce(d, l)), \
-                 CASE WHEN d IS NULL THEN $13 END, CASE WHEN d IS NULL THEN now() END, $13, \
-                 CASE WHEN d IS NULL THEN 'claim' ELSE 'no_budget' END, ps, pk, CASE WHEN d IS NOT NULL THEN now() END \
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
-                         $8::text[], $9::text[], $10::bytea[], $11::text[], $12::float8[], $14::float8[]) \
-                  AS x(k, a, t, w, s, b, r, h, p, ps, pk, l, d) \
-             ORDER BY k \
-             ON CONFLICT (idempotency_key) DO UPDATE SET \
-                 status = EXCLUDED.status, attempt_count = o.attempt_count + EXCLUDED.attempt_count, \
-                 lease_until = EXCLUDED.lease_until, lease_owner = EXCLUDED.lease_owner, \
-                 first_attempt_at = coalesce(o.first_attempt_at, EXCLUDED.first_attempt_at), \
-                 deferred_since = CASE WHEN EXCLUDED.status = 'deferred' THEN coalesce(o.deferred_since, now()) ELSE o.deferred_since END, \
-                 last_actor = EXCLUDED.last_actor, last_reason = EXCLUDED.last_reason, updated_at = now() \
-             WHERE o.status IN ('planned', 'failed_retryable', 'deferred') \
-               AND (o.lease_until IS NULL OR o.lease_until <= now()) \
-               AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type \
-             RETURNING idempotency_key, attempt_count, lease_until, first_attempt_at, status = 'executing', throttled_attempts",
-        ), cols)
-        .bind(&leases)
-        .bind(owner)
-        .bind(&defers)
-        .fetch_all(&self.db)
-        .await?;
+        // due at `now() + d`, and keeps (or starts) its `deferred_since`. A batch with
+        // nothing to defer runs the plain claim, which names no flow-control column.
+        let deferring = defers.iter().any(Option::is_some);
+        let sql = if deferring { CLAIM_OR_DEFER } else { CLAIM };
+        let query = bind_columns!(sqlx::query(sql), cols)
+            .bind(&leases)
+            .bind(owner);
+        let query = if deferring {
+            query.bind(&defers)
+        } else {
+            query
+        };
+        let rows = query.fetch_all(&self.db).await?;
         let mut claimed: HashMap<usize, Taken> = HashMap::with_capacity(rows.len());
         for row in rows {
             let key: String = row.try_get(0)?;
@@ -367,6 +351,47 @@ impl Journal {
         Ok(vanished)
     }
 }
+
+/// The claim: insert-or-take the lease (see the module's docs).
+const CLAIM: &str = "INSERT INTO agent_operations AS o (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
+         revision, payload_hash, payload, status, attempt_count, lease_until, lease_owner, first_attempt_at, \
+         last_actor, last_reason, payload_sealed, payload_key_id) \
+     SELECT k, a, t, w, s, b, r, h, p::jsonb, 'executing', 1, now() + make_interval(secs => l), $13, now(), $13, 'claim', ps, pk \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
+                 $8::text[], $9::text[], $10::bytea[], $11::text[], $12::float8[]) AS x(k, a, t, w, s, b, r, h, p, ps, pk, l) \
+     ORDER BY k \
+     ON CONFLICT (idempotency_key) DO UPDATE SET \
+         status = 'executing', attempt_count = o.attempt_count + 1, lease_until = EXCLUDED.lease_until, \
+         lease_owner = EXCLUDED.lease_owner, first_attempt_at = coalesce(o.first_attempt_at, EXCLUDED.first_attempt_at), \
+         last_actor = EXCLUDED.last_actor, last_reason = 'claim', updated_at = now() \
+     WHERE o.status IN ('planned', 'failed_retryable', 'deferred') \
+       AND (o.lease_until IS NULL OR o.lease_until <= now()) \
+       AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type \
+     RETURNING idempotency_key, attempt_count, lease_until, first_attempt_at, true, throttled_attempts";
+
+/// The claim of a batch some of whose deliveries are deferred instead (`$14`: seconds
+/// until due, `NULL` to claim): the same rules decide whether a row may be taken.
+const CLAIM_OR_DEFER: &str = "INSERT INTO agent_operations AS o (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
+         revision, payload_hash, payload, status, attempt_count, lease_until, lease_owner, first_attempt_at, \
+         last_actor, last_reason, payload_sealed, payload_key_id, deferred_since) \
+     SELECT k, a, t, w, s, b, r, h, p::jsonb, CASE WHEN d IS NULL THEN 'executing' ELSE 'deferred' END, \
+         CASE WHEN d IS NULL THEN 1 ELSE 0 END, now() + make_interval(secs => coalesce(d, l)), \
+         CASE WHEN d IS NULL THEN $13 END, CASE WHEN d IS NULL THEN now() END, $13, \
+         CASE WHEN d IS NULL THEN 'claim' ELSE 'no_budget' END, ps, pk, CASE WHEN d IS NOT NULL THEN now() END \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
+                 $8::text[], $9::text[], $10::bytea[], $11::text[], $12::float8[], $14::float8[]) \
+          AS x(k, a, t, w, s, b, r, h, p, ps, pk, l, d) \
+     ORDER BY k \
+     ON CONFLICT (idempotency_key) DO UPDATE SET \
+         status = EXCLUDED.status, attempt_count = o.attempt_count + EXCLUDED.attempt_count, \
+         lease_until = EXCLUDED.lease_until, lease_owner = EXCLUDED.lease_owner, \
+         first_attempt_at = coalesce(o.first_attempt_at, EXCLUDED.first_attempt_at), \
+         deferred_since = CASE WHEN EXCLUDED.status = 'deferred' THEN coalesce(o.deferred_since, now()) ELSE o.deferred_since END, \
+         last_actor = EXCLUDED.last_actor, last_reason = EXCLUDED.last_reason, updated_at = now() \
+     WHERE o.status IN ('planned', 'failed_retryable', 'deferred') \
+       AND (o.lease_until IS NULL OR o.lease_until <= now()) \
+       AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type \
+     RETURNING idempotency_key, attempt_count, lease_until, first_attempt_at, status = 'executing', throttled_attempts";
 
 /// The outcomes once a claim of the call has committed and `error` stopped the rest:
 /// every delivery not yet decided is [`ClaimOutcome::Undecided`].
