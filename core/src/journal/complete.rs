@@ -291,6 +291,37 @@ impl Journal {
     }
 }
 
+/// The completion statement, with `$extra` assignments (ending in `, `) before the rest.
+/// `o.status` in SET and WHERE is the row before the update: on time when it is the
+/// expected status, late when the alternative (`unknown`, same attempt) matched.
+macro_rules! complete_sql {
+    ($extra:literal) => {
+        concat!(
+            "UPDATE agent_operations AS o SET \
+             status = c.to_status, \
+             provider_operation_id = coalesce(c.pid, o.provider_operation_id), \
+             result_json = coalesce(c.result::jsonb, o.result_json), \
+             last_error_code = c.err, \
+             lease_until = CASE WHEN c.delay IS NULL THEN NULL ELSE now() + make_interval(secs => c.delay) END, \
+             lease_owner = NULL, \
+             payload = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload END, \
+             payload_sealed = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_sealed END, \
+             payload_key_id = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_key_id END, ",
+            $extra,
+            "last_actor = $9, \
+             last_reason = CASE WHEN o.status = c.expected THEN c.reason ELSE $12 END, \
+             updated_at = now() \
+         FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[], \
+                     $8::float8[], $10::text[], $11::bool[]) \
+              AS c(k, expected, attempt, to_status, pid, result, err, delay, reason, late_ok) \
+         WHERE o.idempotency_key = c.k AND o.attempt_count = c.attempt \
+           AND (o.status = c.expected OR (c.late_ok AND o.status = 'unknown')) \
+         RETURNING o.idempotency_key, extract(epoch FROM now() - o.created_at)::float8, \
+                   o.last_reason = $12 AND c.reason <> $12"
+        )
+    };
+}
+
 /// [`Journal::complete_batch`] on any executor: a pool, or a transaction that writes
 /// something else with it (a review's evidence, journal/recheck.rs).
 /// `persistent`: `false` inside an explicit transaction (the statement is unnamed; see
@@ -305,47 +336,36 @@ pub(crate) async fn complete_batch_on<'e>(
         return Ok(Vec::new());
     }
     let b = Batch::build(cs)?;
-    // `o.status` in SET and WHERE is the row before the update: on time when it is
-    // the expected status, late when the alternative (`unknown`, same attempt) matched.
-    let rows: Vec<(String, f64, bool)> = sqlx::query_as(
-        "UPDATE agent_operations AS o SET \
-             status = c.to_status, \
-             provider_operation_id = coalesce(c.pid, o.provider_operation_id), \
-             result_json = coalesce(c.result::jsonb, o.result_json), \
-             last_error_code = c.err, \
-             lease_until = CASE WHEN c.delay IS NULL THEN NULL ELSE now() + make_interval(secs => c.delay) END, \
-             lease_owner = NULL, \
-             payload = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload END, \
-             payload_sealed = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_sealed END, \
-             payload_key_id = CASE WHEN c.to_status IN ('succeeded', 'failed_final') THEN NULL ELSE o.payload_key_id END, \
-             throttled_attempts = o.throttled_attempts + CASE WHEN c.to_status = 'deferred' THEN 1 ELSE 0 END, \
-             deferred_since = CASE WHEN c.to_status = 'deferred' THEN coalesce(o.deferred_since, now()) ELSE o.deferred_since END, \
-             last_actor = $9, \
-             last_reason = CASE WHEN o.status = c.expected THEN c.reason ELSE $12 END, \
-             updated_at = now() \
-         FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[], \
-                     $8::float8[], $10::text[], $11::bool[]) \
-              AS c(k, expected, attempt, to_status, pid, result, err, delay, reason, late_ok) \
-         WHERE o.idempotency_key = c.k AND o.attempt_count = c.attempt \
-           AND (o.status = c.expected OR (c.late_ok AND o.status = 'unknown')) \
-         RETURNING o.idempotency_key, extract(epoch FROM now() - o.created_at)::float8, \
-                   o.last_reason = $12 AND c.reason <> $12",
-    )
-    .persistent(persistent)
-    .bind(&b.keys)
-    .bind(&b.expected)
-    .bind(&b.attempts)
-    .bind(&b.to)
-    .bind(&b.pids)
-    .bind(&b.results)
-    .bind(&b.errors)
-    .bind(&b.delays)
-    .bind(actor)
-    .bind(&b.reasons)
-    .bind(&b.late_ok)
-    .bind(LATE_REASON)
-    .fetch_all(executor)
-    .await?;
+    // Only a worker's throttled verdict writes the flow-control columns: every other
+    // completion (the reconciler's, a person's) names none of them, as its role's grants
+    // say (core/src/roles/grants.rs).
+    let deferring = cs
+        .iter()
+        .any(|c| matches!(c.verdict, Verdict::Deferred { .. }));
+    let sql = if deferring {
+        complete_sql!(
+            "throttled_attempts = o.throttled_attempts + CASE WHEN c.to_status = 'deferred' THEN 1 ELSE 0 END, \
+             deferred_since = CASE WHEN c.to_status = 'deferred' THEN coalesce(o.deferred_since, now()) ELSE o.deferred_since END, "
+        )
+    } else {
+        complete_sql!("")
+    };
+    let rows: Vec<(String, f64, bool)> = sqlx::query_as(sql)
+        .persistent(persistent)
+        .bind(&b.keys)
+        .bind(&b.expected)
+        .bind(&b.attempts)
+        .bind(&b.to)
+        .bind(&b.pids)
+        .bind(&b.results)
+        .bind(&b.errors)
+        .bind(&b.delays)
+        .bind(actor)
+        .bind(&b.reasons)
+        .bind(&b.late_ok)
+        .bind(LATE_REASON)
+        .fetch_all(executor)
+        .await?;
     Ok(per_item(&b.keys, rows))
 }
 
