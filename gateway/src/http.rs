@@ -123,7 +123,7 @@ impl IntoResponse for ApiError {
         }
         // Over a quota: the IETF RateLimit fields (draft-ietf-httpapi-ratelimit-headers),
         // so a client library can pace itself without parsing the message.
-        if let (Some((scope, quota)), Some(s)) = (self.quota, self.retry_after) {
+        if let (Some((scope, quota)), Some(s)) = (self.quota.map(|q| *q), self.retry_after) {
             let policy = format!("\"{scope}\";q={};w=1", quota.per_second);
             let now = format!("\"{scope}\";r=0;t={s}");
             for (name, value) in [("ratelimit-policy", policy), ("ratelimit", now)] {

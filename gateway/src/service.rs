@@ -124,8 +124,9 @@ pub struct ApiError {
     pub key: Option<String>,
     /// Seconds, for 503 and 429.
     pub retry_after: Option<u64>,
-    /// For a 429 over a quota: the quota (`RateLimit-Policy`), by scope.
-    pub quota: Option<(&'static str, crate::quota::Quota)>,
+    /// For a 429 over a quota: the quota (`RateLimit-Policy`), by scope (boxed: every
+    /// other error is returned without it).
+    pub quota: Option<Box<(&'static str, crate::quota::Quota)>>,
 }
 
 impl ApiError {
@@ -147,7 +148,7 @@ impl ApiError {
         let secs = o.retry_after.as_secs();
         Self {
             retry_after: Some(secs),
-            quota: Some((o.scope, o.quota)),
+            quota: Some(Box::new((o.scope, o.quota))),
             ..Self::new(
                 429,
                 "rate_limited",

@@ -49,7 +49,7 @@ pub struct Nginx {
 }
 
 /// Debian installs it in /usr/sbin, which a non-root user's `PATH` may lack.
-pub(crate) fn program() -> &'static str {
+fn program() -> &'static str {
     if Path::new("/usr/sbin/nginx").exists() {
         "/usr/sbin/nginx"
     } else {
@@ -77,22 +77,7 @@ impl Nginx {
     /// Waits until nginx has written its pid file — after it bound every listener — or
     /// has exited (`Err`: what it logged).
     async fn started(&mut self) -> Result<(), String> {
-        let (child, dir) = (&mut self.child, &self.dir);
-        let came_up = within(Duration::from_secs(30), || {
-            let up = match child.try_wait() {
-                Err(e) => Some(Err(e.to_string())),
-                Ok(Some(status)) => {
-                    let log = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-                    let logs = format!("{}{}", log("error.log"), log("stderr.log"));
-                    Some(Err(format!("{status}: {logs}")))
-                }
-                Ok(None) => dir.join("nginx.pid").exists().then_some(Ok(())),
-            };
-            std::future::ready(up)
-        });
-        came_up
-            .await
-            .unwrap_or(Err("no pid file after 30 s".into()))?;
+        started(&mut self.child, &self.dir).await?;
         for base in [&self.tls_h2, &self.tls_h1, &self.h2c, &self.plain_h1] {
             let port = port_of(base);
             eventually(
@@ -139,20 +124,7 @@ impl Nginx {
             p2 = ports[2],
             p3 = ports[3],
         );
-        std::fs::write(dir.join("nginx.conf"), config).unwrap_or_else(|e| panic!("{e}"));
-        let log = std::fs::File::create(dir.join("stderr.log")).unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new(program())
-            .arg("-p")
-            .arg(&dir)
-            .arg("-c")
-            .arg(dir.join("nginx.conf"))
-            .arg("-e")
-            .arg(dir.join("error.log"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap_or_else(|e| panic!("{e}")))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("nginx (Debian package nginx): {e}"));
+        let child = launch(&dir, &config);
         Nginx {
             child,
             tls_h2: format!("https://localhost:{}", ports[0]),
@@ -184,6 +156,45 @@ impl Nginx {
             .filter(|l| l.port == port)
             .collect()
     }
+}
+
+/// Write `config` into `dir` and start nginx on it, in the foreground, its output in
+/// `stderr.log` (shared with [`crate::rate_limiter`]).
+pub(crate) fn launch(dir: &Path, config: &str) -> Child {
+    std::fs::write(dir.join("nginx.conf"), config).unwrap_or_else(|e| panic!("{e}"));
+    let log = std::fs::File::create(dir.join("stderr.log")).unwrap_or_else(|e| panic!("{e}"));
+    Command::new(program())
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .arg("-e")
+        .arg(dir.join("error.log"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap_or_else(|e| panic!("{e}")))
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("nginx (Debian package nginx): {e}"))
+}
+
+/// Waits until nginx has written its pid file — after it bound every listener — or has
+/// exited (`Err`: what it logged).
+pub(crate) async fn started(child: &mut Child, dir: &Path) -> Result<(), String> {
+    let came_up = within(Duration::from_secs(30), || {
+        let up = match child.try_wait() {
+            Err(e) => Some(Err(e.to_string())),
+            Ok(Some(status)) => {
+                let log = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+                let logs = format!("{}{}", log("error.log"), log("stderr.log"));
+                Some(Err(format!("{status}: {logs}")))
+            }
+            Ok(None) => dir.join("nginx.pid").exists().then_some(Ok(())),
+        };
+        std::future::ready(up)
+    });
+    came_up
+        .await
+        .unwrap_or(Err("no pid file after 30 s".into()))
 }
 
 /// The port at the end of `base_url`.

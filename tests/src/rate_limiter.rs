@@ -7,10 +7,9 @@
 //! seconds with milliseconds), the status and the idempotency key — what the tests read
 //! to check that the fleet stayed under the limit and how often it was refused.
 
-use crate::nginx::program;
-use crate::{StartFailed, free_port, on_free_ports, unique_name, within};
+use crate::{StartFailed, free_port, on_free_ports, unique_name};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 /// One logged request.
@@ -78,20 +77,7 @@ impl RateLimiter {
                    add_header Retry-After {retry_after} always;\n      \
                    return 429 '{{\"error\": \"rate_limited\"}}';\n    }}\n  }}\n}}\n",
         );
-        std::fs::write(dir.join("nginx.conf"), config).unwrap_or_else(|e| panic!("{e}"));
-        let log = std::fs::File::create(dir.join("stderr.log")).unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new(program())
-            .arg("-p")
-            .arg(&dir)
-            .arg("-c")
-            .arg(dir.join("nginx.conf"))
-            .arg("-e")
-            .arg(dir.join("error.log"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap_or_else(|e| panic!("{e}")))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("nginx (Debian package nginx): {e}"));
+        let child = crate::nginx::launch(&dir, &config);
         RateLimiter {
             child,
             base_url: format!("http://127.0.0.1:{port}"),
@@ -103,23 +89,7 @@ impl RateLimiter {
 
     /// Waits for the pid file (written after every listener is bound) or the exit.
     async fn started(&mut self) -> Result<(), String> {
-        let (child, dir) = (&mut self.child, &self.dir);
-        let up = within(Duration::from_secs(30), || {
-            let up = match child.try_wait() {
-                Err(e) => Some(Err(e.to_string())),
-                Ok(Some(status)) => {
-                    let log = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-                    Some(Err(format!(
-                        "{status}: {}{}",
-                        log("error.log"),
-                        log("stderr.log")
-                    )))
-                }
-                Ok(None) => dir.join("nginx.pid").exists().then_some(Ok(())),
-            };
-            std::future::ready(up)
-        });
-        up.await.unwrap_or(Err("no pid file after 30 s".into()))
+        crate::nginx::started(&mut self.child, &self.dir).await
     }
 
     /// Every request logged so far, in the order nginx answered them.

@@ -289,12 +289,12 @@ pub(super) async fn status_counts(pool: &PgPool) -> anyhow::Result<BTreeMap<Stri
     Ok(rows.into_iter().collect())
 }
 
-/// (live: planned/executing/failed_retryable, unknown not yet with a person: without an
+/// (live: planned/executing/failed_retryable/deferred, unknown not yet with a person: without an
 /// open review, or with one still re-checked by lookups — automation may still settle it).
 pub(super) async fn unsettled(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
     read("unsettled", || {
         sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE status IN ('planned', 'executing', 'failed_retryable')), \
+            "SELECT count(*) FILTER (WHERE status IN ('planned', 'executing', 'failed_retryable', 'deferred')), \
                     count(*) FILTER (WHERE status = 'unknown' AND NOT EXISTS (SELECT 1 FROM operation_reviews r \
                         WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL AND r.recheck_at IS NULL)) \
              FROM agent_operations o",

@@ -244,8 +244,18 @@ fn fault_config(rng: &mut Rng, rules: &[Value], lookup_off: &[&str]) -> Value {
     } else {
         0.0
     };
+    // A provider that rate-limits (429 with Retry-After above its rate): the fleet has no
+    // limit configured for it, so it learns the pace from the 429s alone, and every
+    // throttled attempt is deferred, never spent (docs/providers.md, "Rate limits").
+    let rate_limits = if rng.chance(0.5) {
+        let providers = ["mail", "tickets", "bank"];
+        json!([{"provider": providers[rng.below(3)], "per_second": rng.between(40, 150) as f64,
+                "burst": rng.between(5, 20)}])
+    } else {
+        json!([])
+    };
     json!({"seed": rng.u64() >> 11, "latency_ms": latency, "lookup_disabled": lookup_off, "rules": rules,
-           "tls_drop_rate": tls_drop, "tls_stall_rate": tls_stall})
+           "tls_drop_rate": tls_drop, "tls_stall_rate": tls_stall, "rate_limits": rate_limits})
 }
 
 /// `pg_terminate_backend` on every connection to database `db_name` of `server`: how many.
