@@ -38,6 +38,10 @@ pub struct MailServer {
     pub submission: u16,
     /// Plain SMTP without AUTH (127.0.0.1 only).
     pub trusted: u16,
+    /// Plain SMTP without AUTH that takes one message a minute from a client and answers
+    /// the next with a 4xx (postfix's `smtpd_client_message_rate_limit`, counted by anvil):
+    /// a mail server that throttles.
+    pub throttled: u16,
     /// IMAP (STARTTLS required).
     pub imap: u16,
     /// The CA whose certificate both servers present (`ca_file` for oncely).
@@ -87,12 +91,17 @@ impl MailServer {
         let (cert, key) = ca.server_pem(&["localhost", "127.0.0.1"]);
         write(&conf.join("cert.pem"), &cert);
         write(&conf.join("key.pem"), &key);
-        let (submission, trusted, imap, auth) =
-            (free_port(), free_port(), free_port(), free_port());
+        let (submission, trusted, throttled, imap, auth) = (
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        );
         write(&conf.join("main.cf"), &postfix_main(&dir, auth));
         write(
             &conf.join("master.cf"),
-            &postfix_master(submission, trusted),
+            &postfix_master(submission, trusted, throttled),
         );
         write(
             &conf.join("vmailbox"),
@@ -128,10 +137,16 @@ impl MailServer {
             dovecot,
             submission,
             trusted,
+            throttled,
             imap,
             ca,
         };
-        for (port, greeting) in [(submission, "220"), (trusted, "220"), (imap, "* OK")] {
+        for (port, greeting) in [
+            (submission, "220"),
+            (trusted, "220"),
+            (throttled, "220"),
+            (imap, "* OK"),
+        ] {
             crate::eventually(
                 &format!("the mail server greets on {port}"),
                 Duration::from_secs(60),
@@ -223,7 +238,7 @@ fn postfix_main(dir: &Path, auth: u16) -> String {
     )
 }
 
-fn postfix_master(submission: u16, trusted: u16) -> String {
+fn postfix_master(submission: u16, trusted: u16, throttled: u16) -> String {
     let services = "\
 pickup    unix  n - n 60 1 pickup
 cleanup   unix  n - n - 0 cleanup
@@ -257,6 +272,11 @@ postlog   unix-dgram n - n - 1 postlogd
          127.0.0.1:{trusted} inet n - n - - smtpd\n  \
            -o smtpd_relay_restrictions=permit_mynetworks,reject\n  \
            -o smtpd_recipient_restrictions=permit_mynetworks,reject\n\
+         127.0.0.1:{throttled} inet n - n - - smtpd\n  \
+           -o smtpd_relay_restrictions=permit_mynetworks,reject\n  \
+           -o smtpd_recipient_restrictions=permit_mynetworks,reject\n  \
+           -o smtpd_client_message_rate_limit=1\n  \
+           -o smtpd_client_event_limit_exceptions=\n\
          {services}"
     )
 }

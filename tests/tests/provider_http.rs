@@ -378,10 +378,25 @@ async fn lookup_by_reference_alone_checks_whose_record_it_is() -> Result {
 async fn statuses_and_missing_ids_are_classified() -> Result {
     let sb = start().await?;
     let cases = [
+        // A throttle: deferred, not spent (no Retry-After here: the fleet's default wait).
         (
             429,
-            Outcome::NotSent {
+            Outcome::Throttled {
                 code: "http_429".into(),
+                retry_after: None,
+            },
+        ),
+        (
+            408,
+            Outcome::NotSent {
+                code: "http_408".into(),
+            },
+        ),
+        // Without a Retry-After a 503 may have been answered after the provider acted.
+        (
+            503,
+            Outcome::Unknown {
+                code: "http_503".into(),
             },
         ),
         (

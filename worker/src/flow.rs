@@ -219,6 +219,26 @@ impl Flow {
     }
 }
 
+impl Flow {
+    /// What a lookup's answer says: a `429` pauses the provider for the fleet like an
+    /// execute's (the lookup does not carry the answer's fields, so the default wait).
+    pub fn observe_lookup(
+        &self,
+        journal: &Journal,
+        provider: &str,
+        remote: &crate::provider::Remote,
+    ) {
+        if let crate::provider::Remote::Failed { code } = remote
+            && code == "http_429"
+            && let Some(p) = self.providers.get(provider)
+        {
+            metrics::counter!(m::PROVIDER_THROTTLES, "provider" => provider.to_owned(), "code" => code.clone())
+                .increment(1);
+            p.report(journal, true, &Pushback::default());
+        }
+    }
+}
+
 impl ProviderFlow {
     /// The row's state, read again when older than [`STATE_TTL`].
     async fn state(&self, journal: &Journal) -> Result<BudgetState, JournalError> {

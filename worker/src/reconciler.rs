@@ -181,14 +181,22 @@ async fn decide_one(
             return review(ctx, publisher, op, why, &evidence, None).await;
         }
     };
-    let remote = provider
-        .lookup(Call {
-            key: &op.key,
-            action_type: &op.action_type,
-            payload: &env.intent.payload,
-            first_attempt_at: op.first_attempt_at,
-        })
-        .await;
+    let call = Call {
+        key: &op.key,
+        action_type: &op.action_type,
+        payload: &env.intent.payload,
+        first_attempt_at: op.first_attempt_at,
+    };
+    let remote = match lookup_in_budget(ctx, provider.as_ref(), call).await? {
+        Ok(remote) => remote,
+        Err(due) => {
+            // No slot in the provider's budget: ask when there is one; not a spent check.
+            ctx.journal
+                .postpone_unknown(&op.key, op.attempt_count, due)
+                .await?;
+            return Ok(Decision::Deferred);
+        }
+    };
     let settle = |verdict: Verdict, reason: &str| Completion {
         key: op.key.clone(),
         expected: Status::Unknown,
@@ -246,6 +254,31 @@ async fn decide_one(
             Ok(d)
         }
     }
+}
+
+/// A lookup within the provider's budget (lookups spend the same budget as executes,
+/// docs/providers.md "Rate limits"): `Err(due)` when the budget has no slot for it within
+/// the horizon (ask again then), else the answer, after waiting for its slot. A `429` to
+/// the lookup is reported as pushback like an execute's.
+async fn lookup_in_budget(
+    ctx: &Context,
+    provider: &dyn Provider,
+    call: Call<'_>,
+) -> anyhow::Result<Result<Remote, Duration>> {
+    match ctx
+        .flow
+        .plan(&ctx.journal, provider.name(), 1)
+        .await?
+        .first()
+    {
+        Some(crate::flow::Slot::Defer(due)) => return Ok(Err(*due)),
+        Some(crate::flow::Slot::Call(wait)) if !wait.is_zero() => tokio::time::sleep(*wait).await,
+        _ => {}
+    }
+    let remote = provider.lookup(call).await;
+    ctx.flow
+        .observe_lookup(&ctx.journal, provider.name(), &remote);
+    Ok(Ok(remote))
 }
 
 /// The policy, provider and envelope an unknown needs before anyone is asked; the review
@@ -557,14 +590,20 @@ async fn recheck_review(
             return Ok(());
         }
     };
-    let remote = provider
-        .lookup(Call {
-            key: &op.key,
-            action_type: &op.action_type,
-            payload: &env.intent.payload,
-            first_attempt_at: op.first_attempt_at,
-        })
-        .await;
+    let call = Call {
+        key: &op.key,
+        action_type: &op.action_type,
+        payload: &env.intent.payload,
+        first_attempt_at: op.first_attempt_at,
+    };
+    let remote = match lookup_in_budget(ctx, provider.as_ref(), call).await? {
+        Ok(remote) => remote,
+        Err(due) => {
+            let seen = ("not_asked", Some("no_budget"));
+            ctx.journal.record_recheck(id, seen, Some(due)).await?;
+            return Ok(());
+        }
+    };
     let (answer, code) = lookup_seen(&remote);
     let code = code.map(str::to_owned);
     let seen = (answer, code.as_deref());

@@ -149,7 +149,8 @@ def test_another_422_raises() -> None:
         (413, "payload_too_large", oncely.PayloadTooLarge),
         (503, "database_unavailable", oncely.Unavailable),
         (500, "internal", oncely.OncelyError),
-        (429, "too_many_requests", oncely.OncelyError),
+        (429, "rate_limited", oncely.RateLimited),
+        (418, "teapot", oncely.OncelyError),
     ],
 )
 def test_error_answers_raise_by_status_with_the_gateways_code(status: int, code: str, cls: Type[oncely.OncelyError]) -> None:
@@ -174,6 +175,14 @@ def test_unavailable_carries_retry_after_seconds_and_the_recorded_key() -> None:
         with pytest.raises(oncely.Unavailable) as e:
             enqueue(c)
     assert (e.value.code, e.value.status, e.value.retry_after, e.value.key) == ("broker_unavailable", 503, 2.0, "v1:ab")
+
+
+def test_rate_limited_carries_retry_after_seconds() -> None:
+    body = {"error": {"code": "rate_limited", "message": "over the token quota"}}
+    with client(answer(429, body, {"Retry-After": "3", "RateLimit": '"token";r=0;t=3'})) as c:
+        with pytest.raises(oncely.RateLimited) as e:
+            enqueue(c)
+    assert (e.value.code, e.value.status, e.value.retry_after) == ("rate_limited", 429, 3.0)
 
 
 def test_retry_after_as_an_http_date() -> None:

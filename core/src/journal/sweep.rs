@@ -329,6 +329,29 @@ impl Journal {
         Ok(n == 1)
     }
 
+    /// Check again after `delay` without counting the check just taken (the provider's
+    /// budget had no slot for the lookup: nobody was asked, so `max_reconcile_checks` is
+    /// not spent).
+    pub async fn postpone_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: i32,
+        delay: Duration,
+    ) -> Result<bool, JournalError> {
+        let n = sqlx::query(
+            "UPDATE agent_operations SET lease_until = now() + make_interval(secs => $3), \
+                 reconcile_checks = greatest(reconcile_checks - 1, 0) \
+             WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2",
+        )
+        .bind(key.as_str())
+        .bind(attempt)
+        .bind(delay.as_secs_f64())
+        .execute(&self.db)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
     /// Live operations per status — `planned`, `executing`, `failed_retryable`,
     /// `unknown`; a status without operations is absent — for the gauges every sweep. Each
     /// is counted on a partial index that holds only live rows (`agent_operations_planned_idx`,

@@ -198,3 +198,58 @@ async fn emails_go_out_once_and_a_lost_reply_after_data_is_found_in_the_archive(
         .count();
     assert_eq!(copies, 1, "exactly one message in the recipient's mailbox");
 }
+
+/// A real mail server over its rate (postfix's `smtpd_client_message_rate_limit`): the
+/// first message goes out, the next is answered with a 4xx before it is taken — a
+/// throttle (deferred, the attempt not spent), never a plain "not sent" or an unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mail_server_over_its_rate_throttles_and_takes_nothing() {
+    use oncely_worker::provider::{Call, Outcome, Provider, SmtpProvider};
+    let mail = MailServer::start().await;
+    let setup = Setup {
+        submission: mail.submission,
+        proxy: mail.trusted,
+        imap: mail.imap,
+        ca_file: mail.ca.ca_file().to_owned(),
+        password_file: PathBuf::new(),
+    };
+    let config = smtp("127.0.0.1", mail.throttled, Security::None, &setup);
+    let provider = SmtpProvider::new("mail_limited", &config).expect("provider");
+    let mut outcomes = Vec::new();
+    for n in 0..2 {
+        let intent = email("email.send", 100 + n);
+        let key = key_of(&intent);
+        let outcome = provider
+            .execute(Call {
+                key: &key,
+                action_type: "email.send",
+                payload: &intent.payload,
+                first_attempt_at: None,
+            })
+            .await;
+        outcomes.push(outcome);
+    }
+    assert!(
+        matches!(outcomes[0], Outcome::Succeeded { .. }),
+        "{outcomes:?}"
+    );
+    match &outcomes[1] {
+        Outcome::Throttled { code, retry_after } => {
+            assert!(
+                ["smtp_421", "smtp_450", "smtp_451", "smtp_452"].contains(&code.as_str()),
+                "{code}"
+            );
+            assert_eq!(*retry_after, None, "SMTP says no Retry-After");
+        }
+        other => panic!("the second message must be throttled: {other:?}"),
+    }
+    eventually("the first message delivered", DEADLINE, || async {
+        (mail.messages("alice").len() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        mail.messages("alice").len(),
+        1,
+        "the throttled one was not taken"
+    );
+}

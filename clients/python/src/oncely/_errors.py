@@ -75,6 +75,12 @@ class PayloadTooLarge(OncelyError):
     """413 ``payload_too_large``: the body is over the gateway's limit."""
 
 
+class RateLimited(OncelyError):
+    """429 ``rate_limited``: over the token's or the tenant's quota at the gateway.
+    Nothing was recorded; ``retry_after`` is the seconds to wait (``Retry-After``).
+    Calling ``enqueue`` again after it, with the same identity, is safe."""
+
+
 class Unavailable(OncelyError):
     """503 (``database_unavailable``, ``broker_unavailable``; ``retry_after`` seconds
     from the ``Retry-After`` header), or a transport failure: code ``transport``,
@@ -95,5 +101,6 @@ BY_STATUS: Dict[int, Type[OncelyError]] = {
     404: NotFound,
     409: RequestInProgress,
     413: PayloadTooLarge,
+    429: RateLimited,
     503: Unavailable,
 }
