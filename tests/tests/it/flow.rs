@@ -57,10 +57,9 @@ async fn attempts(fleet: &Fleet) -> Vec<(String, i32, i32)> {
     .expect("attempts")
 }
 
-/// A burst through nginx's `limit_req`, with the limit configured a little below the
-/// provider's (as an operator would): every action succeeds once, with few 429s, and no
-/// throttled attempt counts against `max_attempts`.
-async fn burst_through_nginx(workers: usize) {
+/// A fleet (fast reconciler) whose `mail` provider is the sandbox behind nginx's
+/// `limit_req` (25 r/s, burst 5, `Retry-After: 1`), with `limit` configured for it.
+async fn behind_nginx(limit: Option<RateLimitConfig>) -> (Fleet, RateLimiter) {
     let mut fleet = Fleet::with(FleetOptions {
         reconciler: Some(FAST_RECONCILER),
         ..FleetOptions::default()
@@ -72,14 +71,20 @@ async fn burst_through_nginx(workers: usize) {
         if let Some(ProviderConfig::Http(mail)) = c.providers.get_mut("mail") {
             mail.base_url = front;
         }
-        mail_limit(
-            c,
-            Some(RateLimitConfig {
-                burst: Some(3),
-                ..RateLimitConfig::per_second(20.0)
-            }),
-        );
+        mail_limit(c, limit);
     });
+    (fleet, nginx)
+}
+
+/// A burst through nginx's `limit_req`, with the limit configured a little below the
+/// provider's (as an operator would): every action succeeds once, with few 429s, and no
+/// throttled attempt counts against `max_attempts`.
+async fn burst_through_nginx(workers: usize) {
+    let limit = RateLimitConfig {
+        burst: Some(3),
+        ..RateLimitConfig::per_second(20.0)
+    };
+    let (fleet, nginx) = behind_nginx(Some(limit)).await;
     let procs: Vec<_> = (0..workers)
         .map(|_| fleet.worker())
         .chain([fleet.reconciler()])
@@ -126,18 +131,7 @@ async fn a_burst_through_a_real_rate_limiter_happens_once_each_with_four_workers
 /// attempt; the provider's row now carries a rate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_configured_limit_the_429s_alone_pace_the_fleet() {
-    let mut fleet = Fleet::with(FleetOptions {
-        reconciler: Some(FAST_RECONCILER),
-        ..FleetOptions::default()
-    })
-    .await;
-    let nginx = RateLimiter::start(&fleet.sandbox.base_url(), 25, 5, 1).await;
-    let front = nginx.base_url.clone();
-    fleet.reconfigure(|c| {
-        if let Some(ProviderConfig::Http(mail)) = c.providers.get_mut("mail") {
-            mail.base_url = front;
-        }
-    });
+    let (fleet, nginx) = behind_nginx(None).await;
     let procs = [fleet.worker(), fleet.worker(), fleet.reconciler()];
     let n = 120;
     enqueue(&fleet, (0..n).map(email).collect()).await;
