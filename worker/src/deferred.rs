@@ -20,6 +20,7 @@
 use crate::context::Context;
 use crate::outcome::{self, OutcomeEvent};
 use crate::shutdown::Shutdown;
+use oncely_core::Status;
 use oncely_core::journal::Operation;
 use oncely_core::metrics as m;
 use oncely_core::publish::{PublishOptions, Publisher};
@@ -138,21 +139,35 @@ async fn give_up(ctx: &Context, publisher: &Publisher, op: &Operation) {
     outcome::publish_one(publisher, &ctx.config, &ctx.topology, &ev).await;
 }
 
-/// Publish the due rows to their action queues, together, then wait for the confirms.
-async fn republish(ctx: &Context, publisher: &Publisher, due: &[Operation]) {
-    let mut pending = Vec::with_capacity(due.len());
-    for op in due {
+/// Publish operations (`planned`, `failed_retryable`, `deferred` rows the sweeper took)
+/// to their action queues, together, then wait for the confirms; each counted by what it
+/// was. A failure is logged: the row is taken again after `republish_after`.
+pub(crate) async fn republish(ctx: &Context, publisher: &Publisher, ops: &[Operation]) {
+    let mut pending = Vec::with_capacity(ops.len());
+    for op in ops {
         let env = match ctx.journal.envelope_of(op) {
             Ok(env) => env,
             Err(e) => {
+                // Not unknown: no review can be opened from here; the operator adds the
+                // data key back.
                 metrics::counter!(m::SWEEPER_ACTIONS, "action" => "payload_unavailable")
                     .increment(1);
-                tracing::error!(key = %op.key, reason = e.reason(), error = %e, "cannot republish a deferred operation: the payload cannot be opened");
+                tracing::error!(key = %op.key, status = %op.status, reason = e.reason(), error = %e, "cannot republish: the payload cannot be opened");
                 continue;
             }
         };
-        metrics::counter!(m::SWEEPER_ACTIONS, "action" => "republished_deferred").increment(1);
-        tracing::debug!(key = %op.key, "republishing a due deferred operation");
+        let label = match op.status {
+            Status::Planned => "republished_planned",
+            Status::Deferred => "republished_deferred",
+            _ => "republished_retry",
+        };
+        metrics::counter!(m::SWEEPER_ACTIONS, "action" => label).increment(1);
+        if op.status == Status::Deferred {
+            // Due rows of a paced provider come back many a second: not one line each.
+            tracing::debug!(key = %op.key, status = %op.status, "republishing");
+        } else {
+            tracing::info!(key = %op.key, status = %op.status, "republishing");
+        }
         match publisher
             .publish(
                 &ctx.topology.actions_exchange(),
@@ -164,7 +179,7 @@ async fn republish(ctx: &Context, publisher: &Publisher, due: &[Operation]) {
         {
             Ok(p) => pending.push((op.key.clone(), p)),
             Err(e) => {
-                tracing::warn!(key = %op.key, error = %e, "republish failed; it is taken again after republish_after")
+                tracing::warn!(key = %op.key, error = %e, "republish failed; taken again after republish_after")
             }
         }
     }
@@ -172,7 +187,7 @@ async fn republish(ctx: &Context, publisher: &Publisher, due: &[Operation]) {
         let result = p.confirmed().await;
         metrics::counter!(m::PUBLISHES, "kind" => "republish", "result" => if result.is_ok() { "confirmed" } else { "failed" }).increment(1);
         if let Err(e) = result {
-            tracing::warn!(key = %key, error = %e, "republish not confirmed; it is taken again after republish_after");
+            tracing::warn!(key = %key, error = %e, "republish not confirmed; taken again after republish_after");
         }
     }
 }

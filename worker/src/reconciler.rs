@@ -681,47 +681,7 @@ async fn sweep_once(
     since
         .planned
         .passed(started, window, (republish.taken as i64) < rc.batch);
-    let republish = republish.operations;
-    let mut pending = Vec::with_capacity(republish.len());
-    for op in &republish {
-        let env = match ctx.journal.envelope_of(op) {
-            Ok(env) => env,
-            Err(e) => {
-                // Planned or failed_retryable: no review can be opened from here (only
-                // unknown operations go to one); the operator adds the data key back.
-                metrics::counter!(m::SWEEPER_ACTIONS, "action" => "payload_unavailable")
-                    .increment(1);
-                tracing::error!(key = %op.key, status = %op.status, reason = e.reason(), error = %e, "cannot republish: the payload cannot be opened");
-                continue;
-            }
-        };
-        let label = if op.status == Status::Planned {
-            "republished_planned"
-        } else {
-            "republished_retry"
-        };
-        metrics::counter!(m::SWEEPER_ACTIONS, "action" => label).increment(1);
-        tracing::info!(key = %op.key, status = %op.status, "republishing");
-        match publisher
-            .publish(
-                &ctx.topology.actions_exchange(),
-                &op.action_type,
-                &env.to_bytes(),
-                PublishOptions::mandatory().with_message_id(op.key.as_str()),
-            )
-            .await
-        {
-            Ok(p) => pending.push((op.key.clone(), p)),
-            Err(e) => tracing::warn!(key = %op.key, error = %e, "republish failed; next sweep"),
-        }
-    }
-    for (key, p) in pending {
-        let result = p.confirmed().await;
-        metrics::counter!(m::PUBLISHES, "kind" => "republish", "result" => if result.is_ok() { "confirmed" } else { "failed" }).increment(1);
-        if let Err(e) = result {
-            tracing::warn!(key = %key, error = %e, "republish not confirmed; next sweep");
-        }
-    }
+    crate::deferred::republish(ctx, publisher, &republish.operations).await;
 
     full |= checks.take_and_start(ctx, publisher).await?;
     full |= checks.take_and_start_reviews(ctx, publisher).await?;

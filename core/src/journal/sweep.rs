@@ -316,17 +316,7 @@ impl Journal {
         attempt: i32,
         delay: Duration,
     ) -> Result<bool, JournalError> {
-        let n = sqlx::query(
-            "UPDATE agent_operations SET lease_until = now() + make_interval(secs => $3) \
-             WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2",
-        )
-        .bind(key.as_str())
-        .bind(attempt)
-        .bind(delay.as_secs_f64())
-        .execute(&self.db)
-        .await?
-        .rows_affected();
-        Ok(n == 1)
+        self.next_check(key, attempt, delay, 0).await
     }
 
     /// Check again after `delay` without counting the check just taken (the provider's
@@ -338,14 +328,26 @@ impl Journal {
         attempt: i32,
         delay: Duration,
     ) -> Result<bool, JournalError> {
+        self.next_check(key, attempt, delay, 1).await
+    }
+
+    /// An unknown's next check in `delay`, giving back `refund` counted checks.
+    async fn next_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: i32,
+        delay: Duration,
+        refund: i32,
+    ) -> Result<bool, JournalError> {
         let n = sqlx::query(
             "UPDATE agent_operations SET lease_until = now() + make_interval(secs => $3), \
-                 reconcile_checks = greatest(reconcile_checks - 1, 0) \
+                 reconcile_checks = greatest(reconcile_checks - $4, 0) \
              WHERE idempotency_key = $1 AND status = 'unknown' AND attempt_count = $2",
         )
         .bind(key.as_str())
         .bind(attempt)
         .bind(delay.as_secs_f64())
+        .bind(refund)
         .execute(&self.db)
         .await?
         .rows_affected();
