@@ -22,6 +22,7 @@
 //! - [`topology`]: RabbitMQ names and declarations.
 
 pub mod amqp;
+pub mod approval;
 pub mod canonical;
 pub mod config;
 pub mod db;
@@ -30,6 +31,7 @@ pub mod intent;
 pub mod journal;
 pub mod keys;
 pub mod metrics;
+pub mod outcome;
 pub mod pooler;
 pub mod publish;
 pub mod review;

@@ -86,6 +86,14 @@ pub const DEFERRED_BACKLOG: &str = "oncely_deferred_backlog";
 /// How long the oldest deferred operation of a `provider` has been waiting since it was
 /// first deferred.
 pub const DEFERRED_OLDEST_AGE: &str = "oncely_deferred_oldest_age_seconds";
+/// Decisions before the send (docs/approvals.md), by `action_type` and `decision`:
+/// `held`, `approved`, `rejected`, `cancelled`, `expired` (a `rejected` by its deadline
+/// counts as `rejected`; [`TRANSITIONS`] has the statuses).
+pub const CONTROL_DECISIONS: &str = "oncely_control_decisions_total";
+/// Operations waiting for approval, by `action_type`, counted by the sweeper.
+pub const HELD: &str = "oncely_held_for_approval";
+/// How long the oldest operation of an `action_type` has been waiting for approval.
+pub const HELD_OLDEST_AGE: &str = "oncely_held_oldest_age_seconds";
 /// Time a won claim waited for its slot in the provider's budget before the call.
 pub const SLOT_WAIT_SECONDS: &str = "oncely_slot_wait_seconds";
 
@@ -184,6 +192,8 @@ pub fn init_series(action_types: &[&str]) {
             "invalid",
             "requeued",
             "deferred",
+            "held",
+            "expired",
         ] {
             counter!(DELIVERIES, "action_type" => a.clone(), "verdict" => verdict).increment(0);
         }
@@ -193,8 +203,15 @@ pub fn init_series(action_types: &[&str]) {
             "failed_retryable",
             "unknown",
             "deferred",
+            "rejected",
+            "cancelled",
+            "expired",
         ] {
             counter!(TRANSITIONS, "action_type" => a.clone(), "status" => status).increment(0);
+        }
+        for decision in ["held", "approved", "rejected", "cancelled", "expired"] {
+            counter!(CONTROL_DECISIONS, "action_type" => a.clone(), "decision" => decision)
+                .increment(0);
         }
         counter!(DEFERRED_GIVEN_UP, "action_type" => a.clone()).increment(0);
         for decision in [

@@ -12,7 +12,19 @@
 //! executing ──throttled (429, 503 + Retry-After, SMTP 421/45x: nothing sent)──▶ deferred
 //! deferred ──claim (when due)──▶ executing
 //! deferred ──max_defer passed──▶ failed_final (deferred_too_long)
+//!
+//! (none) ──an approval rule matched──▶ awaiting_approval ──approved──▶ deferred (due now,
+//!                                                     │             or at its not_before)
+//!                                                     └─rejected / timed out──▶ rejected
+//! (none) ──not_before in the future──▶ deferred (reason `scheduled`)
+//! planned | awaiting_approval | failed_retryable | deferred ──cancel──▶ cancelled
+//! planned | awaiting_approval | failed_retryable | deferred ──expires_at passed──▶ expired
 //! ```
+//!
+//! `cancelled`, `expired` and `rejected` are terminal and were never sent: each is reached
+//! only from a state in which no attempt is running and none sent anything, by a
+//! compare-and-set on that state — so a cancel racing a claim is decided by the row lock,
+//! and exactly one of them wins.
 //!
 //! Who moves rows: the producer inserts `planned`; a worker's claim moves `planned` /
 //! due `failed_retryable` (or nothing) to `executing` and then commits the outcome; the
@@ -48,17 +60,39 @@ pub enum Status {
     /// spent) or the fleet had no slot for it. Claimed again once due; given up
     /// (`failed_final`, `deferred_too_long`) by the sweeper after `max_defer`.
     Deferred,
+    /// Held by an approval rule: published to no worker until approved. Live (keeps its
+    /// payload), never attempted.
+    AwaitingApproval,
+    /// A person rejected it, or its approval deadline passed. Terminal, never sent.
+    Rejected,
+    /// Cancelled before any attempt could send it. Terminal, never sent.
+    Cancelled,
+    /// Not started before its `expires_at`. Terminal, never sent.
+    Expired,
 }
 
 impl Status {
     /// Every status, in the order of the status machine.
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 11] = [
         Status::Planned,
         Status::Executing,
         Status::Succeeded,
         Status::FailedRetryable,
         Status::FailedFinal,
         Status::Unknown,
+        Status::Deferred,
+        Status::AwaitingApproval,
+        Status::Rejected,
+        Status::Cancelled,
+        Status::Expired,
+    ];
+
+    /// The states a cancel or an expiry may end: nothing is running and nothing was sent
+    /// (the database spelling, for `status IN (…)`).
+    pub const STOPPABLE: [Status; 4] = [
+        Status::Planned,
+        Status::AwaitingApproval,
+        Status::FailedRetryable,
         Status::Deferred,
     ];
 
@@ -72,12 +106,29 @@ impl Status {
             Status::FailedFinal => "failed_final",
             Status::Unknown => "unknown",
             Status::Deferred => "deferred",
+            Status::AwaitingApproval => "awaiting_approval",
+            Status::Rejected => "rejected",
+            Status::Cancelled => "cancelled",
+            Status::Expired => "expired",
         }
     }
 
     /// Terminal statuses keep their result and lose their payload.
     pub const fn is_terminal(self) -> bool {
-        matches!(self, Status::Succeeded | Status::FailedFinal)
+        matches!(
+            self,
+            Status::Succeeded
+                | Status::FailedFinal
+                | Status::Rejected
+                | Status::Cancelled
+                | Status::Expired
+        )
+    }
+
+    /// Terminal and never sent: stopped before the provider was called (`rejected`,
+    /// `cancelled`, `expired`).
+    pub const fn is_stopped(self) -> bool {
+        matches!(self, Status::Rejected | Status::Cancelled | Status::Expired)
     }
 }
 
@@ -90,7 +141,7 @@ impl fmt::Display for Status {
 /// An unrecognised status string (from the database or a CLI flag).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown status {0:?}: expected one of planned, executing, succeeded, failed_retryable, failed_final, unknown, deferred"
+    "unknown status {0:?}: expected one of planned, executing, succeeded, failed_retryable, failed_final, unknown, deferred, awaiting_approval, rejected, cancelled, expired"
 )]
 pub struct ParseStatusError(pub String);
 
@@ -121,6 +172,16 @@ pub enum Move {
     Defer,
     /// The sweeper gives up on a deferred operation whose patience ran out.
     GiveUp,
+    /// An approval rule holds a new operation.
+    Hold,
+    /// The last approval it needed came: due for a worker.
+    Approve,
+    /// A person rejected a held operation, or its deadline passed.
+    Reject,
+    /// The caller or an operator cancelled it before it was sent.
+    Cancel,
+    /// Its `expires_at` passed before it started.
+    Expire,
 }
 
 /// The transition table: `Some(kind)` when `from → to` exists (`from = None` is a new row).
@@ -140,6 +201,15 @@ pub const fn transition(from: Option<Status>, to: Status) -> Option<Move> {
         // Unknown is both a worker's verdict and the sweeper's: the kind is the caller's.
         (Some(Executing), Unknown) => Some(Move::Complete),
         (Some(Unknown), Succeeded | FailedFinal | FailedRetryable) => Some(Move::Settle),
+        (None, AwaitingApproval) => Some(Move::Hold),
+        (Some(AwaitingApproval), Deferred) => Some(Move::Approve),
+        (Some(AwaitingApproval), Rejected) => Some(Move::Reject),
+        (Some(Planned | AwaitingApproval | FailedRetryable | Deferred), Cancelled) => {
+            Some(Move::Cancel)
+        }
+        (Some(Planned | AwaitingApproval | FailedRetryable | Deferred), Expired) => {
+            Some(Move::Expire)
+        }
         _ => None,
     }
 }
@@ -181,7 +251,15 @@ mod tests {
             (Some(Executing), Deferred),
             (Some(Deferred), Executing),
             (Some(Deferred), FailedFinal),
+            (None, AwaitingApproval),
+            (Some(AwaitingApproval), Deferred),
+            (Some(AwaitingApproval), Rejected),
         ];
+        let mut allowed = allowed.to_vec();
+        for from in Status::STOPPABLE {
+            allowed.push((Some(from), Cancelled));
+            allowed.push((Some(from), Expired));
+        }
         let froms = std::iter::once(None).chain(Status::ALL.into_iter().map(Some));
         for from in froms {
             for to in Status::ALL {
@@ -195,8 +273,16 @@ mod tests {
         // The article's rules, spelled out: nothing leaves a terminal state, and an
         // unknown never goes straight back to execution.
         for to in Status::ALL {
-            assert!(transition(Some(Succeeded), to).is_none());
-            assert!(transition(Some(FailedFinal), to).is_none());
+            for from in Status::ALL.into_iter().filter(|s| s.is_terminal()) {
+                assert!(transition(Some(from), to).is_none(), "{from:?} -> {to:?}");
+            }
+        }
+        // A held operation reaches a worker only through an approval, and nothing that
+        // may be running (or may have sent) can be cancelled or expired.
+        assert!(transition(Some(AwaitingApproval), Executing).is_none());
+        for from in [Executing, Unknown] {
+            assert!(transition(Some(from), Cancelled).is_none());
+            assert!(transition(Some(from), Expired).is_none());
         }
         assert!(transition(Some(Unknown), Executing).is_none());
         // A deferred operation was never sent: it never becomes unknown or succeeded

@@ -45,6 +45,33 @@ pub struct ActionBody {
     /// The payload for the provider (checked against the action type's schema).
     #[schema(value_type = Object)]
     pub payload: Value,
+    /// Optional: record now, deliver no earlier than this (RFC 3339). Not part of the
+    /// action's identity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<String>,
+    /// Optional: not started by then → `expired`, never sent (RFC 3339; the action type's
+    /// `max_age` may set an earlier deadline). A call already started is not affected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+}
+
+/// The optional body of an approval or a rejection.
+#[derive(Debug, Default, serde::Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// Why (kept in the audit trail; at most 2,000 characters).
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+/// The answer to a cancel.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelAnswer {
+    /// `cancelled`: it will never be sent. (A cancel that comes too late is a `409
+    /// too_late` error with the operation's status.)
+    pub outcome: String,
+    /// The operation now.
+    pub action: ActionView,
 }
 
 /// Where to find an operation.
@@ -165,7 +192,7 @@ impl FromRequestParts<AppState> for Caller {
 
 #[derive(OpenApi)]
 #[openapi(
-    paths(submit, get_action, action_types),
+    paths(submit, get_action, action_types, cancel, approve, reject),
     info(
         title = "oncely gateway",
         description = "Enqueue AI agents' side effects so they happen once. The idempotency key is derived from the business identity (tenant from the token, action type, workflow_id, step, business_object, revision); repeating a request is always safe."
@@ -203,6 +230,9 @@ pub fn api(
             "/v1/actions/{id}",
             axum::routing::post(submit).get(get_action),
         )
+        .route("/v1/actions/{id}/cancel", axum::routing::post(cancel))
+        .route("/v1/actions/{id}/approve", axum::routing::post(approve))
+        .route("/v1/actions/{id}/reject", axum::routing::post(reject))
         .route("/v1/action-types", get(action_types))
         .route("/openapi.json", get(|| async { Json(openapi()) }))
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -284,7 +314,7 @@ fn percent_encode(s: &str) -> String {
     ),
     request_body = ActionBody,
     responses(
-        (status = 202, description = "Recorded and published: it will run once", body = SubmitAnswer),
+        (status = 202, description = "Recorded: it will run once. `status` is `planned` (published), `awaiting_approval` (held by an approval rule until people approve it) or `deferred` (scheduled by `not_before`)", body = SubmitAnswer),
         (status = 200, description = "Requested before (header `Idempotent-Replayed: true`): nothing new happens", body = SubmitAnswer),
         (status = 400, description = "Bad input; `field` names it", body = ErrorAnswer),
         (status = 401, description = "No or bad token", body = ErrorAnswer),
@@ -343,13 +373,13 @@ async fn submit(
         .submit_json(&caller, &action_type, map, client_key.as_deref())
         .await?;
     Ok(match submitted {
-        Submitted::Enqueued { key } => (
+        Submitted::Enqueued { key, status } => (
             StatusCode::ACCEPTED,
             Json(SubmitAnswer {
                 outcome: "enqueued".into(),
                 links: links(&key),
                 key,
-                status: "planned".into(),
+                status: status.as_str().into(),
                 action: None,
             }),
         )
@@ -437,6 +467,127 @@ fn wait_param(query: Option<&str>, max: Duration) -> Result<Option<Duration>, Ap
         }
     }
     Ok(None)
+}
+
+/// Cancel an action before it is sent.
+///
+/// Atomic against a worker's claim: `200 cancelled` means no worker can take it any more
+/// and it will never be sent (repeating the cancel answers the same); `409 too_late`
+/// means a worker took it first (or it already ended) — `error.message` names the status.
+#[utoipa::path(
+    post,
+    path = "/v1/actions/{key}/cancel",
+    tag = "actions",
+    params(("key" = String, Path, description = "The idempotency key (`v1:…`, percent-encoded)")),
+    responses(
+        (status = 200, description = "Cancelled: it will never be sent", body = CancelAnswer),
+        (status = 401, description = "No or bad token", body = ErrorAnswer),
+        (status = 404, description = "No such operation for this tenant", body = ErrorAnswer),
+        (status = 409, description = "`too_late`: it is executing, or already ended", body = ErrorAnswer),
+        (status = 503, description = "Postgres is down; retrying is safe", body = ErrorAnswer)
+    ),
+    security(("bearer" = []))
+)]
+async fn cancel(
+    State(service): State<AppState>,
+    caller: Result<Caller, ApiError>,
+    Path(key): Path<String>,
+) -> Result<Json<CancelAnswer>, ApiError> {
+    let caller = caller?;
+    match service.cancel(&caller, &key).await? {
+        (true, action) => Ok(Json(CancelAnswer {
+            outcome: "cancelled".into(),
+            action,
+        })),
+        (false, action) => Err(ApiError::new(
+            409,
+            "too_late",
+            format!(
+                "too late to cancel: the action is {} (it may run or have run)",
+                action.status
+            ),
+        )
+        .with_key(&action.key)),
+    }
+}
+
+/// Approve a held action (a token with `approve = true`, of the action's tenant; never
+/// the token that asked for it).
+#[utoipa::path(
+    post,
+    path = "/v1/actions/{key}/approve",
+    tag = "actions",
+    params(("key" = String, Path, description = "The idempotency key (`v1:…`, percent-encoded)")),
+    request_body(content = Option<DecisionBody>, description = "Optional note"),
+    responses(
+        (status = 200, description = "`approved` (due for a worker) or `approval_recorded` (four eyes: one more person must approve)", body = crate::service::Decision),
+        (status = 401, description = "No or bad token", body = ErrorAnswer),
+        (status = 403, description = "`forbidden` (not an approver token) or `own_request`", body = ErrorAnswer),
+        (status = 404, description = "No such operation for this tenant", body = ErrorAnswer),
+        (status = 409, description = "`not_held` (not awaiting approval) or `already_decided`", body = ErrorAnswer)
+    ),
+    security(("bearer" = []))
+)]
+async fn approve(
+    State(service): State<AppState>,
+    caller: Result<Caller, ApiError>,
+    Path(key): Path<String>,
+    body: Bytes,
+) -> Result<Json<crate::service::Decision>, ApiError> {
+    decide(service, caller, key, body, true).await
+}
+
+/// Reject a held action: it ends `rejected` and is never sent.
+#[utoipa::path(
+    post,
+    path = "/v1/actions/{key}/reject",
+    tag = "actions",
+    params(("key" = String, Path, description = "The idempotency key (`v1:…`, percent-encoded)")),
+    request_body(content = Option<DecisionBody>, description = "Optional note"),
+    responses(
+        (status = 200, description = "`rejected`: never sent", body = crate::service::Decision),
+        (status = 401, description = "No or bad token", body = ErrorAnswer),
+        (status = 403, description = "`forbidden`: not an approver token", body = ErrorAnswer),
+        (status = 404, description = "No such operation for this tenant", body = ErrorAnswer),
+        (status = 409, description = "`not_held` or `already_decided`", body = ErrorAnswer)
+    ),
+    security(("bearer" = []))
+)]
+async fn reject(
+    State(service): State<AppState>,
+    caller: Result<Caller, ApiError>,
+    Path(key): Path<String>,
+    body: Bytes,
+) -> Result<Json<crate::service::Decision>, ApiError> {
+    decide(service, caller, key, body, false).await
+}
+
+async fn decide(
+    service: AppState,
+    caller: Result<Caller, ApiError>,
+    key: String,
+    body: Bytes,
+    approve: bool,
+) -> Result<Json<crate::service::Decision>, ApiError> {
+    let caller = caller?;
+    let body: DecisionBody = if body.iter().all(u8::is_ascii_whitespace) {
+        DecisionBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::new(400, "invalid_request", format!("body: {e}")))?
+    };
+    if body.note.as_ref().is_some_and(|n| n.chars().count() > 2000) {
+        return Err(ApiError::new(
+            400,
+            "invalid_request",
+            "note: at most 2,000 characters",
+        ));
+    }
+    Ok(Json(
+        service
+            .decide(&caller, &key, approve, body.note.as_deref())
+            .await?,
+    ))
 }
 
 /// The action types the token may enqueue, each with the JSON Schema of its payload.
@@ -544,7 +695,10 @@ mod tests {
             [
                 "/v1/action-types",
                 "/v1/actions/{action_type}",
-                "/v1/actions/{key}"
+                "/v1/actions/{key}",
+                "/v1/actions/{key}/approve",
+                "/v1/actions/{key}/cancel",
+                "/v1/actions/{key}/reject"
             ]
         );
         assert!(paths["/v1/actions/{action_type}"]["post"]["responses"]["422"].is_object());

@@ -46,6 +46,8 @@ pub const MCP_PATH: &str = "/mcp";
 pub const TOOL_STATUS: &str = "action_status";
 /// Name of the built-in wait tool.
 pub const TOOL_WAIT: &str = "action_wait";
+/// Name of the built-in cancel tool.
+pub const TOOL_CANCEL: &str = "action_cancel";
 
 /// Default `timeout_seconds` of `action_wait`.
 const WAIT_DEFAULT_SECS: f64 = 30.0;
@@ -55,7 +57,9 @@ const WAIT_MAX_SECS: f64 = 60.0;
 const INSTRUCTIONS: &str = "oncely runs side effects (emails, payments, ...) exactly once. \
 Each action tool takes an identity (workflow_id, step, business_object, revision) and a payload. \
 Repeating a call with the same identity and payload never runs the action twice; it returns the \
-earlier outcome. Action tools return a key at once; call action_wait with it to get the result.";
+earlier outcome. Action tools return a key at once; call action_wait with it to get the result. \
+Some actions are held for approval by a person before anything is sent: then action_wait returns once \
+a person decided and it ran (or was rejected). action_cancel stops an action that has not started.";
 
 /// The MCP server handler.
 ///
@@ -107,7 +111,7 @@ impl OncelyMcp {
             .action_types(caller)
             .into_iter()
             .filter(|t| {
-                let builtin = t.tool == TOOL_STATUS || t.tool == TOOL_WAIT;
+                let builtin = [TOOL_STATUS, TOOL_WAIT, TOOL_CANCEL].contains(&t.tool.as_str());
                 if builtin {
                     tracing::warn!(action_type = %t.name, tool = %t.tool, "action type tool name collides with a built-in tool; not offered over MCP");
                 }
@@ -127,13 +131,34 @@ impl OncelyMcp {
             Err(e) => return api_error_result(&e),
         };
         match self.service.submit(caller, &info.name, req, None).await {
-            Ok(Submitted::Enqueued { key }) => {
-                tracing::info!(tenant = %caller.tenant, token = %caller.token_id, action_type = %info.name, %key, "mcp: enqueued");
-                ok_result(
-                    format!(
-                        "queued: this action will run once. key: {key}; call {TOOL_WAIT} with this key for the result"
+            Ok(Submitted::Enqueued { key, status }) => {
+                tracing::info!(tenant = %caller.tenant, token = %caller.token_id, action_type = %info.name, %key, %status, "mcp: enqueued");
+                let (text, outcome) = match status {
+                    oncely_core::Status::AwaitingApproval => (
+                        format!(
+                            "held for approval by a person: nothing is sent until it is approved. key: {key}; \
+                             call {TOOL_WAIT} with this key: it returns when a person decided and the action ran \
+                             (or was rejected). Do not ask again: asking again changes nothing."
+                        ),
+                        "awaiting_approval",
                     ),
-                    json!({"outcome": "queued", "key": key}),
+                    oncely_core::Status::Deferred => (
+                        format!(
+                            "scheduled: recorded now, it will run once at its not_before time. key: {key}; \
+                             call {TOOL_WAIT} with this key later for the result"
+                        ),
+                        "scheduled",
+                    ),
+                    _ => (
+                        format!(
+                            "queued: this action will run once. key: {key}; call {TOOL_WAIT} with this key for the result"
+                        ),
+                        "queued",
+                    ),
+                };
+                ok_result(
+                    text,
+                    json!({"outcome": outcome, "key": key, "status": status}),
                 )
             }
             Ok(Submitted::Duplicate { view }) => ok_result(
@@ -151,6 +176,29 @@ impl OncelyMcp {
                      new, different action for the same business object, increase revision."
                 ),
                 json!({"outcome": "conflict", "key": key}),
+            ),
+            Err(e) => api_error_result(&e),
+        }
+    }
+
+    async fn run_cancel(&self, caller: &Caller, args: &JsonObject) -> CallToolResult {
+        let key = match required_str(args, "key") {
+            Ok(k) => k,
+            Err(e) => return api_error_result(&e),
+        };
+        match self.service.cancel(caller, &key).await {
+            Ok((true, view)) => ok_result(
+                format!("cancelled: it will never be sent. key: {}", view.key),
+                json!({"outcome": "cancelled", "action": view}),
+            ),
+            Ok((false, view)) => error_result(
+                format!(
+                    "too late to cancel: the action is {} — it may run or have run. key: {}; {}",
+                    view.status,
+                    view.key,
+                    describe(&view)
+                ),
+                json!({"outcome": "too_late", "action": view}),
             ),
             Err(e) => api_error_result(&e),
         }
@@ -227,6 +275,7 @@ impl ServerHandler for OncelyMcp {
         let mut tools: Vec<Tool> = self.action_types(&caller).iter().map(action_tool).collect();
         tools.push(status_tool());
         tools.push(wait_tool());
+        tools.push(cancel_tool());
         // The list depends on the caller: never let it be cached for others.
         Ok(ListToolsResult::with_all_items(tools).with_cache_scope(CacheScope::Private))
     }
@@ -242,6 +291,7 @@ impl ServerHandler for OncelyMcp {
         let result = match name {
             TOOL_STATUS => self.run_status(&caller, &args).await,
             TOOL_WAIT => self.run_wait(&caller, &args, &ctx).await,
+            TOOL_CANCEL => self.run_cancel(&caller, &args).await,
             _ => {
                 let Some(info) = self
                     .action_types(&caller)
@@ -371,6 +421,16 @@ fn action_tool(info: &ActionTypeInfo) -> Tool {
                 "description": "1 unless you deliberately want to perform this action again for the same business object; then increase it."
             },
             "payload": info.payload_schema,
+            "not_before": {
+                "type": "string",
+                "format": "date-time",
+                "description": "Optional: run no earlier than this time (RFC 3339, e.g. 2026-12-08T09:00:00Z)."
+            },
+            "expires_at": {
+                "type": "string",
+                "format": "date-time",
+                "description": "Optional: if it has not started by this time (RFC 3339), it is never sent (status expired)."
+            },
         },
         "required": ["workflow_id", "step", "business_object", "payload"],
         "additionalProperties": false
@@ -401,6 +461,30 @@ fn status_tool() -> Tool {
     .with_annotations(ToolAnnotations::new().read_only(true).open_world(false))
 }
 
+fn cancel_tool() -> Tool {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "key": {"type": "string", "description": "The key returned when the action was requested."}
+        },
+        "required": ["key"],
+        "additionalProperties": false
+    });
+    Tool::new(
+        TOOL_CANCEL,
+        "Cancel an action requested earlier, if it has not started: the answer is either 'cancelled' (it will \
+         never be sent) or 'too late' (it is running or finished; the status says which). Always true.",
+        object_schema(schema),
+    )
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false),
+    )
+}
+
 fn wait_tool() -> Tool {
     let schema = json!({
         "type": "object",
@@ -424,12 +508,14 @@ fn wait_tool() -> Tool {
 
 // ---- argument parsing --------------------------------------------------------
 
-const ACTION_FIELDS: [&str; 5] = [
+const ACTION_FIELDS: [&str; 7] = [
     "workflow_id",
     "step",
     "business_object",
     "revision",
     "payload",
+    "not_before",
+    "expires_at",
 ];
 
 fn schema_violation(field: &str, message: impl Into<String>) -> ApiError {
@@ -461,7 +547,8 @@ fn parse_action_args(args: &JsonObject) -> Result<ActionRequest, ApiError> {
         return Err(schema_violation(
             &format!("/{extra}"),
             format!(
-                "unknown argument {extra}; allowed: workflow_id, step, business_object, revision, payload \
+                "unknown argument {extra}; allowed: workflow_id, step, business_object, revision, payload, \
+                 not_before, expires_at \
                  (action fields go inside payload)"
             ),
         ));
@@ -483,12 +570,22 @@ fn parse_action_args(args: &JsonObject) -> Result<ActionRequest, ApiError> {
             ));
         }
     };
+    let time = |name: &str| match args.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(schema_violation(
+            &format!("/{name}"),
+            format!("{name} must be an RFC 3339 time string"),
+        )),
+    };
     Ok(ActionRequest {
         workflow_id: required_str(args, "workflow_id")?,
         step: required_str(args, "step")?,
         business_object: required_str(args, "business_object")?,
         revision,
         payload,
+        not_before: time("not_before")?,
+        expires_at: time("expires_at")?,
     })
 }
 
@@ -528,6 +625,13 @@ fn api_error_result(e: &ApiError) -> CallToolResult {
 
 fn describe(view: &ActionView) -> String {
     let mut s = format!("status: {}", view.status);
+    match view.status.as_str() {
+        "awaiting_approval" => s.push_str(" (held for approval by a person; nothing sent yet)"),
+        "rejected" => s.push_str(" (a person rejected it, or nobody decided in time: never sent)"),
+        "cancelled" => s.push_str(" (cancelled: never sent)"),
+        "expired" => s.push_str(" (not started before its deadline: never sent)"),
+        _ => {}
+    }
     match &view.result {
         Some(r) => s.push_str(&format!(", result: {r}")),
         None if !view.terminal => s.push_str(", result: not available yet"),

@@ -11,7 +11,7 @@ use oncely_core::journal::{JournalError, Operation};
 use oncely_core::roles::Process;
 use oncely_core::schema::{self, PayloadSchemas};
 use oncely_core::{IdempotencyKey, Intent, KeyRing, Status};
-use oncely_producer::{Enqueued, Producer, ProducerError};
+use oncely_producer::{Asked, Enqueued, Producer, ProducerError};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +38,10 @@ pub struct ActionRequest {
     pub revision: i64,
     /// The payload for the provider.
     pub payload: Value,
+    /// Deliver no earlier than this (RFC 3339).
+    pub not_before: Option<String>,
+    /// Not started by then → `expired` (RFC 3339).
+    pub expires_at: Option<String>,
 }
 
 /// An operation as agents see it: status and result, never the payload.
@@ -47,9 +51,11 @@ pub struct ActionView {
     pub key: String,
     /// The action type.
     pub action_type: String,
-    /// `planned`, `executing`, `succeeded`, `failed_retryable`, `failed_final`, `unknown`.
+    /// `planned`, `executing`, `succeeded`, `failed_retryable`, `failed_final`, `unknown`,
+    /// `deferred`, `awaiting_approval`, `rejected`, `cancelled`, `expired`.
     pub status: String,
-    /// Whether the status is final (`succeeded`, `failed_final`).
+    /// Whether the status is final (`succeeded`, `failed_final`, `rejected`, `cancelled`,
+    /// `expired`).
     pub terminal: bool,
     /// Attempts so far.
     pub attempt: i32,
@@ -57,12 +63,32 @@ pub struct ActionView {
     pub result: Option<Value>,
     /// The provider's id of the effect, once succeeded.
     pub provider_operation_id: Option<String>,
-    /// The last error code (`http_422`, `payload_schema`, …).
+    /// The last error code (`http_422`, `payload_schema`, `cancelled`, `expired`,
+    /// `rejected`, `approval_timed_out`, …).
     pub error_code: Option<String>,
+    /// Held: the approval rule that holds it (or held it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_by_rule: Option<String>,
+    /// Held: how many different people must approve it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approvals_needed: Option<i16>,
+    /// Held: rejected (`approval_timed_out`) if undecided by then (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_deadline: Option<String>,
+    /// Delivered no earlier than this (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<String>,
+    /// Not started by then → `expired` (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
 }
 
 impl ActionView {
-    fn of(op: &Operation) -> Self {
+    /// The view of a row.
+    pub fn of(op: &Operation) -> Self {
+        let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+            t.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        };
         Self {
             key: op.key.as_str().to_owned(),
             action_type: op.action_type.clone(),
@@ -72,6 +98,11 @@ impl ActionView {
             result: op.result_json.clone(),
             provider_operation_id: op.provider_operation_id.clone(),
             error_code: op.last_error_code.clone(),
+            held_by_rule: op.hold_rule.clone(),
+            approvals_needed: op.hold_rule.as_ref().map(|_| op.approvals_needed),
+            approval_deadline: time(op.approval_deadline),
+            not_before: time(op.not_before),
+            expires_at: time(op.expires_at),
         }
     }
 }
@@ -79,10 +110,12 @@ impl ActionView {
 /// What submitting did.
 #[derive(Debug, Clone)]
 pub enum Submitted {
-    /// Recorded and published: it will run once.
+    /// Recorded (and published unless held or scheduled): it will run once.
     Enqueued {
         /// The key.
         key: String,
+        /// `planned`, `awaiting_approval` (held for people) or `deferred` (scheduled).
+        status: Status,
     },
     /// The same action was requested before: where it stands (nothing new happens).
     Duplicate {
@@ -165,7 +198,8 @@ impl ApiError {
         self
     }
 
-    fn with_key(mut self, key: &str) -> Self {
+    /// With the key concerned.
+    pub fn with_key(mut self, key: &str) -> Self {
         self.key = Some(key.to_owned());
         self
     }
@@ -210,7 +244,7 @@ pub struct Service {
     schemas: PayloadSchemas,
     producer: RwLock<Arc<Producer>>,
     /// Every enqueue goes through here, to be recorded with the requests beside it.
-    enqueues: Coalescer<(Arc<Producer>, Intent), Answer>,
+    enqueues: Coalescer<(Arc<Producer>, Intent, Asked), Answer>,
     reconnecting: AtomicBool,
     /// Longest `wait` accepted.
     pub max_wait: Duration,
@@ -307,6 +341,14 @@ impl Service {
         body.insert("business_object".into(), Value::String(req.business_object));
         body.insert("revision".into(), Value::from(req.revision));
         body.insert("payload".into(), req.payload);
+        for (name, t) in [
+            ("not_before", req.not_before),
+            ("expires_at", req.expires_at),
+        ] {
+            if let Some(t) = t {
+                body.insert(name.into(), Value::String(t));
+            }
+        }
         self.submit_json(caller, action_type, body, client_key)
             .await
     }
@@ -351,6 +393,11 @@ impl Service {
                 .at(format!("/{reserved}")));
             }
         }
+        let asked = Asked {
+            not_before: time_field(&mut body, "not_before")?,
+            expires_at: time_field(&mut body, "expires_at")?,
+            caller: Some(caller.token_id.clone()),
+        };
         body.insert("action_type".into(), Value::String(action_type.to_owned()));
         body.insert("tenant".into(), Value::String(caller.tenant.clone()));
         let intent = Intent::from_json(Value::Object(body)).map_err(|e| invalid_intent(&e))?;
@@ -396,7 +443,7 @@ impl Service {
                 }
             }
         };
-        let result = self.enqueue(intent, &key).await;
+        let result = self.enqueue(intent, asked, &key).await;
         if let Some(ck) = client_key.filter(|_| owner) {
             let done = match &result {
                 Err(e) if e.code == "database_unavailable" || e.code == "internal" => {
@@ -413,9 +460,18 @@ impl Service {
     }
 
     /// Record and publish; map the producer's answer.
-    async fn enqueue(&self, intent: Intent, key: &str) -> Result<Submitted, ApiError> {
+    async fn enqueue(
+        &self,
+        intent: Intent,
+        asked: Asked,
+        key: &str,
+    ) -> Result<Submitted, ApiError> {
         let producer = self.producer().await;
-        let answer = match self.enqueues.submit((producer.clone(), intent)).await {
+        let answer = match self
+            .enqueues
+            .submit((producer.clone(), intent, asked))
+            .await
+        {
             Some(Ok(answer)) => answer,
             Some(Err(whole_batch)) => return Err(batch_error(&whole_batch)),
             None => {
@@ -427,8 +483,9 @@ impl Service {
             }
         };
         match answer {
-            Ok(Enqueued::Enqueued { key }) => Ok(Submitted::Enqueued {
+            Ok(Enqueued::Enqueued { key, status }) => Ok(Submitted::Enqueued {
                 key: key.as_str().to_owned(),
+                status,
             }),
             Ok(Enqueued::Duplicate { key, .. }) => {
                 let op = producer
@@ -449,6 +506,11 @@ impl Service {
                         result: None,
                         provider_operation_id: None,
                         error_code: None,
+                        held_by_rule: None,
+                        approvals_needed: None,
+                        approval_deadline: None,
+                        not_before: None,
+                        expires_at: None,
                     });
                 Ok(Submitted::Duplicate { view })
             }
@@ -555,6 +617,62 @@ impl Service {
         owned(caller, op).map(|op| ActionView::of(&op))
     }
 
+    /// Cancel the caller's operation `key` if nothing runs or was sent (docs/approvals.md):
+    /// `Ok((true, view))` — cancelled, it will never be sent (also when it already was
+    /// cancelled); `Ok((false, view))` — too late, the view says how far it got.
+    pub async fn cancel(&self, caller: &Caller, key: &str) -> Result<(bool, ActionView), ApiError> {
+        use oncely_core::journal::Cancelled;
+        let key = IdempotencyKey::parse(key).map_err(|_| ApiError::not_found())?;
+        let producer = self.producer().await;
+        let actor = format!("token:{}", caller.token_id);
+        match producer
+            .journal()
+            .cancel(&key, Some(&caller.tenant), &actor)
+            .await
+            .map_err(|e| journal_error(&e))?
+        {
+            Cancelled::Cancelled(op) => {
+                metrics::counter!(oncely_core::metrics::CONTROL_DECISIONS, "action_type" => op.action_type.clone(), "decision" => "cancelled").increment(1);
+                tracing::info!(key = %op.key, action_type = %op.action_type, token = %caller.token_id, "cancelled before it was sent");
+                producer.notify_decided(&op).await;
+                Ok((true, ActionView::of(&op)))
+            }
+            Cancelled::TooLate(op) => Ok((op.status == Status::Cancelled, ActionView::of(&op))),
+            Cancelled::NotFound => Err(ApiError::not_found()),
+        }
+    }
+
+    /// An approver token's decision on its tenant's held operation `key`.
+    pub async fn decide(
+        &self,
+        caller: &Caller,
+        key: &str,
+        approve: bool,
+        note: Option<&str>,
+    ) -> Result<Decision, ApiError> {
+        if !caller.approve {
+            return Err(ApiError::new(
+                403,
+                "forbidden",
+                "this token may not approve or reject (the tokens file grants `approve = true`)",
+            ));
+        }
+        let key = IdempotencyKey::parse(key).map_err(|_| ApiError::not_found())?;
+        let producer = self.producer().await;
+        let decided = producer
+            .journal()
+            .decide_approval(
+                &key,
+                &caller.token_id,
+                approve,
+                note,
+                Some(std::slice::from_ref(&caller.tenant)),
+            )
+            .await
+            .map_err(|e| journal_error(&e))?;
+        decision(&producer, decided, &caller.token_id).await
+    }
+
     /// Readiness: Postgres answers and RabbitMQ is connected.
     pub async fn ready(&self) -> Result<(), String> {
         let producer = self.producer().await;
@@ -566,6 +684,105 @@ impl Service {
             return Err("rabbitmq: not connected".into());
         }
         Ok(())
+    }
+}
+
+/// What an approval or a rejection did, as callers see it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Decision {
+    /// `approved` (due for a worker now, or at its `not_before`), `approval_recorded`
+    /// (four eyes: another person must approve too) or `rejected` (never sent).
+    pub outcome: String,
+    /// Approvals still needed (for `approval_recorded`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub more_approvals_needed: Option<i64>,
+    /// The operation now.
+    pub action: ActionView,
+}
+
+/// A journal's answer to a decision → the answer, or the error that says why not; the
+/// outcome event and the metric for a decision that moved the operation. Shared by the
+/// API and the desk.
+pub async fn decision(
+    producer: &Producer,
+    decided: oncely_core::journal::Decided,
+    who: &str,
+) -> Result<Decision, ApiError> {
+    use oncely_core::journal::Decided;
+    let count = |op: &Operation, d: &'static str| {
+        metrics::counter!(oncely_core::metrics::CONTROL_DECISIONS, "action_type" => op.action_type.clone(), "decision" => d).increment(1);
+        tracing::info!(key = %op.key, action_type = %op.action_type, approver = %who, decision = d, "approval decision");
+    };
+    match decided {
+        Decided::Approved(op) => {
+            count(&op, "approved");
+            Ok(Decision {
+                outcome: "approved".into(),
+                more_approvals_needed: None,
+                action: ActionView::of(&op),
+            })
+        }
+        Decided::NeedsMore { op, more } => {
+            tracing::info!(key = %op.key, approver = %who, more, "approval recorded; more needed");
+            Ok(Decision {
+                outcome: "approval_recorded".into(),
+                more_approvals_needed: Some(more),
+                action: ActionView::of(&op),
+            })
+        }
+        Decided::Rejected(op) => {
+            count(&op, "rejected");
+            producer.notify_decided(&op).await;
+            Ok(Decision {
+                outcome: "rejected".into(),
+                more_approvals_needed: None,
+                action: ActionView::of(&op),
+            })
+        }
+        Decided::NotHeld(op) => Err(ApiError::new(
+            409,
+            "not_held",
+            format!("the action is not awaiting approval (status {})", op.status),
+        )
+        .with_key(op.key.as_str())),
+        Decided::OwnRequest => Err(ApiError::new(
+            403,
+            "own_request",
+            "the caller who asked for an action may not approve it",
+        )),
+        Decided::AlreadyDecided => Err(ApiError::new(
+            409,
+            "already_decided",
+            "you already decided on this action (four eyes needs another person)",
+        )),
+        Decided::NotFound => Err(ApiError::not_found()),
+    }
+}
+
+/// An optional RFC 3339 time field of a submit body, taken out of it (it is not part of
+/// the intent: the same action asked for another time is the same action).
+fn time_field(
+    body: &mut Map<String, Value>,
+    name: &'static str,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
+    match body.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => chrono::DateTime::parse_from_rfc3339(&s)
+            .map(|t| Some(t.with_timezone(&chrono::Utc)))
+            .map_err(|e| {
+                ApiError::new(
+                    400,
+                    "invalid_request",
+                    format!("`{name}` must be an RFC 3339 time such as 2026-12-08T09:00:00Z ({e})"),
+                )
+                .at(format!("/{name}"))
+            }),
+        Some(_) => Err(ApiError::new(
+            400,
+            "invalid_request",
+            format!("`{name}` must be an RFC 3339 time string"),
+        )
+        .at(format!("/{name}"))),
     }
 }
 
@@ -587,19 +804,25 @@ type Answer = Result<Result<Enqueued, ProducerError>, Arc<ProducerError>>;
 
 /// Record and publish a batch of requests' intents (see [`crate::coalesce`]): one
 /// `enqueue_many` per producer among them (two only around a reconnect).
-async fn enqueue_batch(mut jobs: Vec<(Arc<Producer>, Intent)>) -> Vec<Answer> {
+async fn enqueue_batch(mut jobs: Vec<(Arc<Producer>, Intent, Asked)>) -> Vec<Answer> {
     let mut answers: Vec<Option<Answer>> = (0..jobs.len()).map(|_| None).collect();
     let mut index: Vec<usize> = (0..jobs.len()).collect();
-    while let Some((producer, _)) = jobs.first() {
+    while let Some((producer, _, _)) = jobs.first() {
         let producer = producer.clone();
         let (same, rest): (Vec<_>, Vec<_>) = jobs
             .into_iter()
             .zip(index)
-            .partition(|((p, _), _)| Arc::ptr_eq(p, &producer));
+            .partition(|((p, _, _), _)| Arc::ptr_eq(p, &producer));
         (jobs, index) = rest.into_iter().unzip();
-        let (intents, slots): (Vec<Intent>, Vec<usize>) =
-            same.into_iter().map(|((_, i), slot)| (i, slot)).unzip();
-        match producer.enqueue_many(intents).await {
+        let mut intents = Vec::with_capacity(same.len());
+        let mut asked = Vec::with_capacity(same.len());
+        let mut slots = Vec::with_capacity(same.len());
+        for ((_, i, a), slot) in same {
+            intents.push(i);
+            asked.push(a);
+            slots.push(slot);
+        }
+        match producer.enqueue_many_asked(intents, &asked).await {
             Ok(results) => {
                 for (r, slot) in results.into_iter().zip(&slots) {
                     answers[*slot] = Some(Ok(r));

@@ -9,6 +9,8 @@
 //! sha256 = "9f86d08…"                  # `oncely-gateway token hash` prints it
 //! actions = ["payment_order.create"]   # optional; absent = every configured type
 //! quota = { per_second = 5, burst = 20 }  # optional: submits this token may make
+//! approve = true                       # optional: may approve/reject its tenant's held
+//!                                      # actions (never one it asked for itself)
 //!
 //! [[tenant]]                           # optional: a quota shared by every token of a tenant
 //! name = "acme"
@@ -37,6 +39,8 @@ pub struct Caller {
     pub quota: Option<crate::quota::Quota>,
     /// Its tenant's quota, shared by every token of the tenant.
     pub tenant_quota: Option<crate::quota::Quota>,
+    /// May approve and reject its tenant's held actions (docs/approvals.md).
+    pub approve: bool,
 }
 
 impl Caller {
@@ -74,6 +78,8 @@ struct Entry {
     actions: Option<Vec<String>>,
     #[serde(default)]
     quota: Option<crate::quota::Quota>,
+    #[serde(default)]
+    approve: bool,
 }
 
 /// The loaded tokens.
@@ -161,6 +167,7 @@ impl Tokens {
                     token_id: e.id,
                     allowed,
                     quota: e.quota,
+                    approve: e.approve,
                 },
             ));
         }

@@ -50,6 +50,12 @@ pub enum Command {
         /// Print each result as a JSON line on stdout.
         #[arg(long)]
         json: bool,
+        /// Record now, deliver no earlier than this (RFC 3339, e.g. `2026-12-08T09:00:00Z`).
+        #[arg(long, value_parser = parse_time)]
+        not_before: Option<chrono::DateTime<chrono::Utc>>,
+        /// Not started by then: `expired`, never sent (RFC 3339).
+        #[arg(long, value_parser = parse_time)]
+        expires_at: Option<chrono::DateTime<chrono::Utc>>,
     },
     /// Show an operation's status.
     Status {
@@ -100,10 +106,45 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("{}", env.payload_hash);
             Ok(0)
         }
-        Command::Enqueue { file, jsonl, json } => {
+        Command::Enqueue {
+            file,
+            jsonl,
+            json,
+            not_before,
+            expires_at,
+        } => {
             let input = read_input(&file)?;
             let config = Config::load(cli.config.as_deref())?;
             let producer = Producer::connect(&config, secret()?).await?;
+            if not_before.is_some() || expires_at.is_some() {
+                let asked = crate::Asked {
+                    not_before,
+                    expires_at,
+                    caller: None,
+                };
+                let intents = if jsonl {
+                    input
+                        .split(|b| *b == b'\n')
+                        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+                        .map(Intent::from_slice)
+                        .collect::<Result<Vec<_>, _>>()
+                } else {
+                    Intent::from_slice(&input).map(|i| vec![i])
+                };
+                let intents = match intents {
+                    Ok(i) => i,
+                    Err(e) => {
+                        eprintln!("error: invalid intent: {e}");
+                        return Ok(2);
+                    }
+                };
+                let asked = vec![asked; intents.len()];
+                let mut code = 0;
+                for r in producer.enqueue_many_asked(intents, &asked).await? {
+                    code = code.max(report_one(r, json));
+                }
+                return Ok(code);
+            }
             if !jsonl {
                 let intent = match Intent::from_slice(&input) {
                     Ok(i) => i,
@@ -175,6 +216,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
+/// An RFC 3339 time (`2026-12-08T09:00:00Z`, `2026-12-08T10:00:00+01:00`).
+fn parse_time(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("not an RFC 3339 time ({e}), e.g. 2026-12-08T09:00:00Z"))
+}
+
 fn report_one(r: Result<Enqueued, crate::ProducerError>, json: bool) -> i32 {
     match r {
         Ok(e) => {
@@ -182,7 +230,12 @@ fn report_one(r: Result<Enqueued, crate::ProducerError>, json: bool) -> i32 {
                 println!("{}", serde_json::to_string(&e).unwrap_or_default());
             } else {
                 match &e {
-                    Enqueued::Enqueued { key } => println!("enqueued {key}"),
+                    Enqueued::Enqueued { key, status }
+                        if *status == oncely_core::Status::Planned =>
+                    {
+                        println!("enqueued {key}")
+                    }
+                    Enqueued::Enqueued { key, status } => println!("enqueued {key} ({status})"),
                     Enqueued::Duplicate { key, status, .. } => {
                         println!("duplicate {key} ({status})")
                     }

@@ -17,5 +17,5 @@ pub mod cli;
 pub mod producer;
 pub mod watch;
 
-pub use producer::{Enqueued, Producer, ProducerError};
+pub use producer::{Asked, Enqueued, Producer, ProducerError};
 pub use watch::OutcomeWatcher;

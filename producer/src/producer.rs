@@ -1,5 +1,6 @@
 //! The producer SDK: record, then publish with confirms (pipelined in bulk).
 
+pub use oncely_core::approval::Asked;
 use oncely_core::config::Config;
 use oncely_core::intent::EnvelopeError;
 use oncely_core::journal::{Journal, JournalError, Operation, Recorded};
@@ -20,10 +21,13 @@ const RECORD_CHUNK: usize = 500;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Enqueued {
-    /// Recorded and published.
+    /// Recorded (and published, when `planned`).
     Enqueued {
         /// The key.
         key: IdempotencyKey,
+        /// `planned` (published), `awaiting_approval` (held by an approval rule: published
+        /// once approved) or `deferred` (scheduled: published when due).
+        status: Status,
     },
     /// The same intent was enqueued before; this is where it stands.
     Duplicate {
@@ -71,6 +75,8 @@ pub struct Producer {
     topology: Topology,
     secret: KeyRing,
     actor: String,
+    approvals: oncely_core::approval::Approvals,
+    config: Config,
     watcher: tokio::sync::OnceCell<crate::OutcomeWatcher>,
     conn: lapin::Connection,
 }
@@ -139,7 +145,11 @@ impl Producer {
                 };
                 ProducerError::Connect(format!("declaring topology: {e}{hint}"))
             })?;
+        let approvals = oncely_core::approval::Approvals::from_config(config)
+            .map_err(ProducerError::Connect)?;
         Ok(Self {
+            approvals,
+            config: config.clone(),
             journal: Journal::on(pool).with_data_keys(data_keys),
             publisher,
             topology,
@@ -175,10 +185,24 @@ impl Producer {
         &self,
         intents: Vec<Intent>,
     ) -> Result<Vec<Result<Enqueued, ProducerError>>, ProducerError> {
+        self.enqueue_many_asked(intents, &[]).await
+    }
+
+    /// [`Producer::enqueue_many`] with what each intent asks beyond itself (`asked[i]`
+    /// for `intents[i]`; missing: nothing): `not_before` (recorded now, published when
+    /// due), `expires_at`, and the caller the approval rules see as `token` (the
+    /// gateway's token id; default: this producer's actor). An intent an approval rule
+    /// holds is recorded `awaiting_approval` and published once approved
+    /// (docs/approvals.md).
+    pub async fn enqueue_many_asked(
+        &self,
+        intents: Vec<Intent>,
+        asked: &[Asked],
+    ) -> Result<Vec<Result<Enqueued, ProducerError>>, ProducerError> {
         let (mut results, sealed) = self.seal_all(intents);
         let mut pending: Vec<(usize, IdempotencyKey, Pending)> = Vec::new();
         for chunk in sealed.chunks(RECORD_CHUNK) {
-            self.record_and_publish(chunk, &mut results, &mut pending)
+            self.record_and_publish(chunk, asked, &mut results, &mut pending)
                 .await?;
         }
         await_confirms(pending, &mut results).await;
@@ -207,23 +231,53 @@ impl Producer {
     async fn record_and_publish(
         &self,
         chunk: &[(usize, Envelope)],
+        asked: &[Asked],
         results: &mut [Slot],
         pending: &mut Vec<(usize, IdempotencyKey, Pending)>,
     ) -> Result<(), ProducerError> {
         let envelopes: Vec<Envelope> = chunk.iter().map(|(_, e)| e.clone()).collect();
         metrics::histogram!(m::RECORD_BATCH_SIZE).record(chunk.len() as f64);
-        let recorded = timed("record", self.journal.record_many(&envelopes, &self.actor)).await?;
+        let recorded = if self.approvals.is_empty() && asked.is_empty() {
+            timed("record", self.journal.record_many(&envelopes, &self.actor)).await?
+        } else {
+            let none = Asked::default();
+            let chunk_asked: Vec<Asked> = chunk
+                .iter()
+                .map(|(i, _)| asked.get(*i).unwrap_or(&none).clone())
+                .collect();
+            let refs: Vec<&Envelope> = envelopes.iter().collect();
+            let controls = self
+                .approvals
+                .controls(&self.journal, &refs, &chunk_asked, &self.actor)
+                .await?;
+            for c in &controls {
+                if let Some(h) = &c.hold {
+                    tracing::info!(rule = %h.rule, approvals_needed = h.approvals_needed, "held for approval");
+                }
+            }
+            timed(
+                "record",
+                self.journal
+                    .record_controlled(&envelopes, &controls, &self.actor),
+            )
+            .await?
+        };
         // Borrowed from the chunk unless the row's key replaces the envelope's.
         let mut to_publish: Vec<(usize, Cow<'_, Envelope>)> = Vec::new();
         for ((i, env), rec) in chunk.iter().zip(recorded) {
             let publish = match &rec {
                 Recorded::New => true,
                 Recorded::Duplicate(op) => op.status == Status::Planned,
-                Recorded::Conflict(_) => false,
+                Recorded::Waiting(_) | Recorded::Conflict(_) => false,
             };
             let answer = match rec {
                 Recorded::New => Enqueued::Enqueued {
                     key: env.key.clone(),
+                    status: Status::Planned,
+                },
+                Recorded::Waiting(status) => Enqueued::Enqueued {
+                    key: env.key.clone(),
+                    status,
                 },
                 Recorded::Duplicate(op) => duplicate(&op),
                 Recorded::Conflict(op) => Enqueued::Conflict {
@@ -275,6 +329,14 @@ impl Producer {
             .publisher
             .publish(m.exchange, m.routing_key, m.body, m.options)
             .await?)
+    }
+
+    /// Tell the agents an operation was decided outside a worker (cancelled, approved,
+    /// rejected): its outcome event, as the journal holds it now. A notification: a
+    /// failure is logged and counted, never an error (waiters also read the journal).
+    pub async fn notify_decided(&self, op: &Operation) {
+        let ev = oncely_core::outcome::OutcomeEvent::decided(op);
+        oncely_core::outcome::publish_one(&self.publisher, &self.config, &self.topology, &ev).await;
     }
 
     /// The operation for a key, if any (without its payload: see

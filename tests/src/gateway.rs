@@ -17,6 +17,8 @@ pub struct TokenSpec {
     pub actions: Option<&'static [&'static str]>,
     /// Its quota: `(per_second, burst)`.
     pub quota: Option<(f64, u32)>,
+    /// May approve and reject its tenant's held actions.
+    pub approve: bool,
 }
 
 /// Tenant `acme` with every action type.
@@ -25,6 +27,7 @@ pub const TOKEN_A: TokenSpec = TokenSpec {
     tenant: "acme",
     actions: None,
     quota: None,
+    approve: false,
 };
 /// Tenant `globex` with every action type.
 pub const TOKEN_B: TokenSpec = TokenSpec {
@@ -32,6 +35,7 @@ pub const TOKEN_B: TokenSpec = TokenSpec {
     tenant: "globex",
     actions: None,
     quota: None,
+    approve: false,
 };
 /// Tenant `acme`, `ticket.create` only.
 pub const TOKEN_LIMITED: TokenSpec = TokenSpec {
@@ -39,6 +43,7 @@ pub const TOKEN_LIMITED: TokenSpec = TokenSpec {
     tenant: "acme",
     actions: Some(&["ticket.create"]),
     quota: None,
+    approve: false,
 };
 /// Tenant `initech`, every action type, at most 2 submits at once and 1 every 10 s.
 pub const TOKEN_QUOTA: TokenSpec = TokenSpec {
@@ -46,6 +51,7 @@ pub const TOKEN_QUOTA: TokenSpec = TokenSpec {
     tenant: "initech",
     actions: None,
     quota: Some((0.1, 2)),
+    approve: false,
 };
 
 /// The payload schema the gateway tests declare for `email.send`.
@@ -152,6 +158,9 @@ pub fn write_tokens(fleet: &Fleet, tokens: &[TokenSpec]) -> std::path::PathBuf {
         if let Some(a) = t.actions {
             text.push_str(&format!("actions = {a:?}\n"));
         }
+        if t.approve {
+            text.push_str("approve = true\n");
+        }
         if let Some((per_second, burst)) = t.quota {
             text.push_str(&format!(
                 "quota = {{ per_second = {per_second:?}, burst = {burst} }}\n"
@@ -203,6 +212,18 @@ impl Client {
         self.request(
             "POST",
             &format!("/v1/actions/{action}"),
+            &[],
+            body.to_string().into_bytes(),
+        )
+        .await
+    }
+
+    /// `POST /v1/actions/{key}/{verb}` (`cancel`, `approve`, `reject`) with a JSON body.
+    pub async fn control(&mut self, key: &str, verb: &str, body: &Value) -> Resp {
+        let k = key.replace(':', "%3A");
+        self.request(
+            "POST",
+            &format!("/v1/actions/{k}/{verb}"),
             &[],
             body.to_string().into_bytes(),
         )

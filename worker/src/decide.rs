@@ -148,6 +148,8 @@ pub enum Disposition {
     Conflict,
     /// Nack with requeue: it may be claimable on the next delivery.
     Requeue,
+    /// Its `expires_at` passed before it started: make it `expired` (never sent), ack.
+    Expire,
 }
 
 /// Decide without calling anyone (`docs/architecture.md`, "Execute", step 3).
@@ -162,6 +164,9 @@ pub fn disposition(why: NotClaimed) -> Disposition {
         NotClaimed::NotDue => Disposition::Ack("not_due"),
         NotClaimed::Conflict => Disposition::Conflict,
         NotClaimed::Raced => Disposition::Requeue,
+        // Published again when approved.
+        NotClaimed::Held => Disposition::Ack("held"),
+        NotClaimed::Expired => Disposition::Expire,
     }
 }
 

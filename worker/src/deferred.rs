@@ -86,6 +86,16 @@ async fn pass(
     for op in &given_up {
         give_up(ctx, publisher, op).await;
     }
+    // Control before the send (docs/approvals.md): deadlines passed while waiting — not
+    // started by `expires_at`, not approved by `approval_deadline`. Both read partial
+    // indexes of the rows still waiting: nothing to do costs nothing.
+    let actor = format!("sweeper:{}", ctx.owner);
+    let expired = ctx.journal.expire_due(None, rc.batch, &actor).await?;
+    let timed_out = ctx.journal.time_out_approvals(rc.batch, &actor).await?;
+    full |= expired.len() as i64 == rc.batch || timed_out.len() as i64 == rc.batch;
+    for op in expired.iter().chain(&timed_out) {
+        crate::runner::stopped(ctx, publisher, op).await;
+    }
     let rates: BTreeMap<String, Option<f64>> = ctx
         .journal
         .budgets()

@@ -823,6 +823,21 @@ async fn set_flow_gauges(ctx: &Context) -> anyhow::Result<()> {
         metrics::gauge!(m::DEFERRED_BACKLOG, "provider" => provider.to_owned()).set(n as f64);
         metrics::gauge!(m::DEFERRED_OLDEST_AGE, "provider" => provider.to_owned()).set(age);
     }
+    // Held for approval: every action type with rules shows, at zero when none wait.
+    let mut held: std::collections::BTreeMap<String, (i64, f64)> = ctx
+        .config
+        .actions
+        .iter()
+        .filter(|(_, p)| !p.approval.is_empty())
+        .map(|(a, _)| (a.clone(), (0, 0.0)))
+        .collect();
+    for (action_type, n, age) in ctx.journal.held_backlog().await? {
+        held.insert(action_type, (n, age));
+    }
+    for (action_type, (n, age)) in held {
+        metrics::gauge!(m::HELD, "action_type" => action_type.clone()).set(n as f64);
+        metrics::gauge!(m::HELD_OLDEST_AGE, "action_type" => action_type).set(age);
+    }
     let now = chrono::Utc::now();
     for b in ctx.journal.budgets().await? {
         let p = b.provider.clone();

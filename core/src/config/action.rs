@@ -5,7 +5,7 @@
 //! call (plus a margin to commit) before its lease ends, or the sweeper declares the
 //! attempt unknown while the call is still running.
 
-use super::duration::human;
+use super::duration::{human, human_opt};
 use super::error::{ConfigError, invalid};
 use super::providers::ProviderConfig;
 use crate::identity::ActionType;
@@ -70,6 +70,61 @@ pub struct ActionPolicy {
     /// `deferred_too_long` — never sent. Counted from its first deferral.
     #[serde(default = "default_max_defer", with = "human")]
     pub max_defer: Duration,
+    /// How old an operation of this type may get before it starts: one not started
+    /// `max_age` after it was recorded ends `expired`, never sent (an intent's own
+    /// `expires_at` may set an earlier deadline). `None`: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "human_opt")]
+    pub max_age: Option<Duration>,
+    /// Approval rules (`[[actions."TYPE".approval]]`, docs/approvals.md): an operation any
+    /// of them matches is held (`awaiting_approval`) until people approve it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<ApprovalRule>,
+}
+
+/// One approval rule: hold the operations it matches until a person approves.
+///
+/// A rule matches when `when` (a CEL expression over `payload`, `tenant`, `token`,
+/// `action_type`; absent: true) is true **and**, with `first_contact`, the tenant has no
+/// succeeded operation of this action type with the same value of that payload field in
+/// the last `days` days. An expression that fails at run time (a missing field, a wrong
+/// type) holds the operation: a rule that cannot decide never lets an action through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRule {
+    /// The rule's name: recorded on the held operation, shown to approvers, in metrics.
+    pub name: String,
+    /// CEL: hold when true (e.g. `payload.amount_minor > 100000 || payload.currency != "EUR"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// Hold only a first contact: a recipient this tenant never wrote to (recently).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_contact: Option<FirstContact>,
+    /// CEL: when true, two different people must approve (four eyes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub four_eyes: Option<String>,
+    /// How long people have to decide; then the operation ends `rejected`
+    /// (`approval_timed_out`), never sent.
+    #[serde(default = "default_approval_timeout", with = "human")]
+    pub timeout: Duration,
+}
+
+/// `first_contact = { field = "/to", days = 30 }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FirstContact {
+    /// A JSON Pointer into the payload (`/to`, `/creditor/iban`).
+    pub field: String,
+    /// How far back a succeeded operation counts as "written to before".
+    #[serde(default = "default_first_contact_days")]
+    pub days: u32,
+}
+
+fn default_approval_timeout() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+fn default_first_contact_days() -> u32 {
+    90
 }
 
 fn default_max_defer() -> Duration {
@@ -109,6 +164,8 @@ impl ActionPolicy {
             payload_schema: None,
             outcome_events: default_outcome_events(),
             max_defer: default_max_defer(),
+            max_age: None,
+            approval: Vec::new(),
         }
     }
 
@@ -142,6 +199,42 @@ impl ActionPolicy {
         }
         if self.max_attempts < 1 {
             return Err(invalid(f("max_attempts"), "must be at least 1"));
+        }
+        if self.max_age.is_some_and(|d| d.is_zero()) {
+            return Err(invalid(f("max_age"), "must be above zero"));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, rule) in self.approval.iter().enumerate() {
+            let at = |x: &str| f(&format!("approval[{i}].{x}"));
+            if !crate::approval::valid_rule_name(&rule.name) {
+                return Err(invalid(at("name"), "must be 1..=64 of a-z A-Z 0-9 . _ -"));
+            }
+            if !names.insert(rule.name.as_str()) {
+                return Err(invalid(
+                    at("name"),
+                    format!("{:?} is used twice", rule.name),
+                ));
+            }
+            for (what, expr) in [("when", &rule.when), ("four_eyes", &rule.four_eyes)] {
+                if let Some(expr) = expr {
+                    crate::approval::compile(expr)
+                        .map_err(|e| invalid(at(what), format!("rule {:?}: {e}", rule.name)))?;
+                }
+            }
+            if let Some(fc) = &rule.first_contact
+                && !(fc.field.starts_with('/') && fc.days >= 1)
+            {
+                return Err(invalid(
+                    at("first_contact"),
+                    format!(
+                        "rule {:?}: field must be a JSON Pointer (\"/to\") and days at least 1",
+                        rule.name
+                    ),
+                ));
+            }
+            if rule.timeout.is_zero() {
+                return Err(invalid(at("timeout"), "must be above zero"));
+            }
         }
         if let Some(schema) = &self.payload_schema {
             crate::schema::compile(schema).map_err(|e| invalid(f("payload_schema"), e))?;

@@ -55,7 +55,7 @@ pub mod providers;
 pub mod reconciler;
 pub mod worker;
 
-pub use action::{ActionPolicy, OnUnknown};
+pub use action::{ActionPolicy, ApprovalRule, FirstContact, OnUnknown};
 pub use broker::{BrokerConfig, BrokerTls};
 pub use duration::{format_duration, parse_duration};
 pub use error::ConfigError;

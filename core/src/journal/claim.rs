@@ -3,7 +3,8 @@
 //! ```sql
 //! INSERT … SELECT … 'executing', attempt 1, now() + lease FROM unnest(…)
 //! ON CONFLICT (idempotency_key) DO UPDATE SET status = 'executing', attempt_count + 1, …
-//!   WHERE o.status IN ('planned', 'failed_retryable') AND (lease_until IS NULL OR lease_until <= now())
+//!   WHERE o.status IN ('planned', 'failed_retryable', 'deferred') AND (lease_until IS NULL OR lease_until <= now())
+//!     AND (expires_at IS NULL OR expires_at > now())
 //!     AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type
 //! RETURNING …
 //! ```
@@ -68,7 +69,8 @@ pub struct Claim {
 /// Why a delivery was not claimed: the worker decides from this without calling anyone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotClaimed {
-    /// `succeeded` / `failed_final`: a redelivery; the saved result stands.
+    /// `succeeded` / `failed_final` (or stopped: `rejected`, `cancelled`, `expired`): a
+    /// redelivery; the saved result stands.
     Terminal,
     /// `executing` under a live lease: its owner (maybe this very batch) has it.
     LeaseLive,
@@ -82,6 +84,10 @@ pub enum NotClaimed {
     Conflict,
     /// Claimable by its status but not claimed (a concurrent change): deliver again.
     Raced,
+    /// `awaiting_approval`: published again when approved; this delivery is dropped.
+    Held,
+    /// Claimable by its status, but its `expires_at` passed: to be `expired`, never sent.
+    Expired,
 }
 
 /// The result of claiming one delivery.
@@ -366,6 +372,7 @@ const CLAIM: &str = "INSERT INTO agent_operations AS o (idempotency_key, action_
          last_actor = EXCLUDED.last_actor, last_reason = 'claim', updated_at = now() \
      WHERE o.status IN ('planned', 'failed_retryable', 'deferred') \
        AND (o.lease_until IS NULL OR o.lease_until <= now()) \
+       AND (o.expires_at IS NULL OR o.expires_at > now()) \
        AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type \
      RETURNING idempotency_key, attempt_count, lease_until, first_attempt_at, true, throttled_attempts";
 
@@ -390,6 +397,7 @@ const CLAIM_OR_DEFER: &str = "INSERT INTO agent_operations AS o (idempotency_key
          last_actor = EXCLUDED.last_actor, last_reason = EXCLUDED.last_reason, updated_at = now() \
      WHERE o.status IN ('planned', 'failed_retryable', 'deferred') \
        AND (o.lease_until IS NULL OR o.lease_until <= now()) \
+       AND (o.expires_at IS NULL OR o.expires_at > now()) \
        AND o.payload_hash = EXCLUDED.payload_hash AND o.action_type = EXCLUDED.action_type \
      RETURNING idempotency_key, attempt_count, lease_until, first_attempt_at, status = 'executing', throttled_attempts";
 
@@ -413,11 +421,17 @@ fn classify(op: &Operation, envelope: &Envelope) -> NotClaimed {
         return NotClaimed::Conflict;
     }
     match op.status {
-        Status::Succeeded | Status::FailedFinal => NotClaimed::Terminal,
+        s if s.is_terminal() => NotClaimed::Terminal,
+        Status::AwaitingApproval => NotClaimed::Held,
+        Status::Planned | Status::FailedRetryable | Status::Deferred
+            if op.expires_at.is_some_and(|t| t <= op.read_at) =>
+        {
+            NotClaimed::Expired
+        }
         Status::Executing if op.lease_live => NotClaimed::LeaseLive,
         Status::Executing => NotClaimed::LeaseExpired,
         Status::Unknown => NotClaimed::Unknown,
         Status::FailedRetryable | Status::Deferred if op.lease_live => NotClaimed::NotDue,
-        Status::FailedRetryable | Status::Deferred | Status::Planned => NotClaimed::Raced,
+        _ => NotClaimed::Raced,
     }
 }

@@ -78,6 +78,20 @@ pub struct Operation {
     pub lease_live: bool,
     /// The database's clock when this row was read.
     pub read_at: DateTime<Utc>,
+    /// Not started by then → `expired` (docs/approvals.md).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Delivered no earlier than this (a scheduled operation).
+    pub not_before: Option<DateTime<Utc>>,
+    /// The approval rule that held it (`None`: not held).
+    pub hold_rule: Option<String>,
+    /// How many different people must approve it.
+    pub approvals_needed: i16,
+    /// A held operation still undecided then ends `rejected` (`approval_timed_out`).
+    pub approval_deadline: Option<DateTime<Utc>>,
+    /// When its last needed approval came.
+    pub approved_at: Option<DateTime<Utc>>,
+    /// Who asked for it (a token id or the SDK's actor): never its approver.
+    pub requested_by: Option<String>,
 }
 
 /// `SELECT <every column> FROM agent_operations <rest>` as a static string (sqlx wants
@@ -87,7 +101,8 @@ macro_rules! select_operations {
         concat!("SELECT idempotency_key, action_type, tenant, workflow_id, step, business_object, revision, \
      payload_hash, payload, payload_sealed, payload_key_id, status, attempt_count, provider_operation_id, result_json, last_error_code, \
      lease_until, lease_owner, first_attempt_at, reconcile_checks, last_actor, last_reason, created_at, updated_at, \
-     coalesce(lease_until > now(), false) AS lease_live, now() AS read_at FROM agent_operations ", $rest)
+     coalesce(lease_until > now(), false) AS lease_live, now() AS read_at, \
+     expires_at, not_before, hold_rule, approvals_needed, approval_deadline, approved_at, requested_by FROM agent_operations ", $rest)
     };
 }
 pub(crate) use select_operations;
@@ -102,7 +117,8 @@ macro_rules! select_operations_by_identity {
      o.payload_hash, NULL::jsonb AS payload, NULL::bytea AS payload_sealed, NULL::text AS payload_key_id, o.status, o.attempt_count, o.provider_operation_id, \
      o.result_json, o.last_error_code, o.lease_until, o.lease_owner, o.first_attempt_at, o.reconcile_checks, \
      o.last_actor, o.last_reason, o.created_at, o.updated_at, \
-     coalesce(o.lease_until > now(), false) AS lease_live, now() AS read_at, x.k AS asked_key \
+     coalesce(o.lease_until > now(), false) AS lease_live, now() AS read_at, x.k AS asked_key, \
+     o.expires_at, o.not_before, o.hold_rule, o.approvals_needed, o.approval_deadline, o.approved_at, o.requested_by \
      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::text[], $7::text[]) \
           AS x(k, w, s, b, r, a, t) \
      JOIN agent_operations o ON o.workflow_id = x.w AND o.step = x.s AND o.business_object = x.b \
@@ -124,7 +140,8 @@ macro_rules! select_operations_without_payload {
      payload_hash, NULL::jsonb AS payload, NULL::bytea AS payload_sealed, NULL::text AS payload_key_id, \
      status, attempt_count, provider_operation_id, result_json, last_error_code, \
      lease_until, lease_owner, first_attempt_at, reconcile_checks, last_actor, last_reason, created_at, updated_at, \
-     coalesce(lease_until > now(), false) AS lease_live, now() AS read_at FROM agent_operations ", $rest)
+     coalesce(lease_until > now(), false) AS lease_live, now() AS read_at, \
+     expires_at, not_before, hold_rule, approvals_needed, approval_deadline, approved_at, requested_by FROM agent_operations ", $rest)
     };
 }
 pub(crate) use select_operations_without_payload;
@@ -172,6 +189,13 @@ impl<'r> FromRow<'r, PgRow> for Operation {
             updated_at: row.try_get("updated_at")?,
             lease_live: row.try_get("lease_live")?,
             read_at: row.try_get("read_at")?,
+            expires_at: row.try_get("expires_at")?,
+            not_before: row.try_get("not_before")?,
+            hold_rule: row.try_get("hold_rule")?,
+            approvals_needed: row.try_get("approvals_needed")?,
+            approval_deadline: row.try_get("approval_deadline")?,
+            approved_at: row.try_get("approved_at")?,
+            requested_by: row.try_get("requested_by")?,
         })
     }
 }

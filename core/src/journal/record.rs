@@ -16,7 +16,7 @@ use super::{Journal, JournalError};
 use crate::intent::Envelope;
 use crate::sealing::DataKeys;
 use crate::status::{Move, Status, transition};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// How many times a statement is repeated for keys whose row a purge deleted between
 /// the insert (which met the row) and the read (which no longer finds it).
@@ -42,6 +42,9 @@ pub(crate) fn purged_meanwhile() -> JournalError {
 pub enum Recorded {
     /// A new `planned` row: publish it.
     New,
+    /// A new row that is not for a worker yet: `awaiting_approval` (held by a rule) or
+    /// `deferred` (scheduled for later). Not published; an approval or the due time does.
+    Waiting(Status),
     /// The key exists with the same action type and payload (the row, read without
     /// its payload).
     Duplicate(Box<Operation>),
@@ -70,6 +73,28 @@ impl Journal {
         self.record_many_with(envelopes, actor, || async {}).await
     }
 
+    /// [`Journal::record_many`] with what each intent asks beyond `planned`
+    /// (`controls[i]` for `envelopes[i]`; empty: nothing): held by an approval rule
+    /// (`awaiting_approval`), scheduled (`deferred` until `not_before`), a deadline
+    /// (`expires_at`, or `max_age` from now, the earlier). A batch without any of it runs
+    /// the plain statement.
+    pub async fn record_controlled(
+        &self,
+        envelopes: &[Envelope],
+        controls: &[Control],
+        actor: &str,
+    ) -> Result<Vec<Recorded>, JournalError> {
+        debug_assert!(transition(None, Status::AwaitingApproval) == Some(Move::Hold));
+        debug_assert!(transition(None, Status::Deferred) == Some(Move::Defer));
+        let controls = if controls.iter().all(Control::is_plain) {
+            &[]
+        } else {
+            controls
+        };
+        self.record_rounds(envelopes, controls, actor, || async {})
+            .await
+    }
+
     /// [`Journal::record_many`], awaiting `between` after each insert and before the read
     /// of the rows that already existed: the one window in which a purge can delete such
     /// a row. A key whose row vanished there is recorded again, as if the intent had
@@ -78,6 +103,22 @@ impl Journal {
     pub async fn record_many_with<F, Fut>(
         &self,
         envelopes: &[Envelope],
+        actor: &str,
+        between: F,
+    ) -> Result<Vec<Recorded>, JournalError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        self.record_rounds(envelopes, &[], actor, between).await
+    }
+
+    /// [`PURGE_RACE_ROUNDS`] rounds of insert and read (`controls`: empty, or one per
+    /// envelope).
+    async fn record_rounds<F, Fut>(
+        &self,
+        envelopes: &[Envelope],
+        controls: &[Control],
         actor: &str,
         mut between: F,
     ) -> Result<Vec<Recorded>, JournalError>
@@ -92,7 +133,7 @@ impl Journal {
             if todo.is_empty() {
                 break;
             }
-            let inserted = self.insert_planned(envelopes, &todo, actor).await?;
+            let inserted = self.insert_new(envelopes, controls, &todo, actor).await?;
             between().await;
             todo = self
                 .read_existing(envelopes, todo, &inserted, &mut out)
@@ -104,15 +145,43 @@ impl Journal {
     }
 
     /// `INSERT … 'planned' … ON CONFLICT DO NOTHING` for the first occurrence of each key
-    /// among `todo`; returns the indices (into `envelopes`) whose row this inserted.
-    async fn insert_planned(
+    /// among `todo` (with `controls`, when not empty: held, scheduled, deadlines);
+    /// returns the indices (into `envelopes`) whose row this inserted, with its status.
+    async fn insert_new(
         &self,
         envelopes: &[Envelope],
+        controls: &[Control],
         todo: &[usize],
         actor: &str,
-    ) -> Result<HashSet<usize>, JournalError> {
-        let (cols, first, _) =
+    ) -> Result<HashMap<usize, Status>, JournalError> {
+        let (cols, first, order) =
             Columns::first_of_each_key(todo, |i| &envelopes[i], self.data_keys());
+        if !controls.is_empty() {
+            let c = ControlColumns::of(order.iter().map(|&i| &controls[i]));
+            let rows: Vec<(String, String)> =
+                bind_columns!(sqlx::query_as(RECORD_CONTROLLED), cols)
+                    .bind(actor)
+                    .bind(&c.not_before)
+                    .bind(&c.expires_at)
+                    .bind(&c.max_age)
+                    .bind(&c.hold_rule)
+                    .bind(&c.approvals_needed)
+                    .bind(&c.timeout)
+                    .bind(&c.requested_by)
+                    .bind(&c.subject_hash)
+                    .fetch_all(&self.db)
+                    .await?;
+            let mut inserted = HashMap::with_capacity(rows.len());
+            for (k, status) in rows {
+                if let Some(&i) = first.get(k.as_str()) {
+                    let status = status
+                        .parse()
+                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                    inserted.insert(i, status);
+                }
+            }
+            return Ok(inserted);
+        }
         // `ORDER BY k`: a unique-index insert waits for another transaction's uncommitted
         // row with the same key, so two producers inserting the same keys in opposite
         // orders would wait for each other (deadlock, 40P01) without one fixed order.
@@ -131,7 +200,7 @@ impl Journal {
         .await?;
         Ok(inserted
             .iter()
-            .filter_map(|k| first.get(k.as_str()).copied())
+            .filter_map(|k| first.get(k.as_str()).map(|&i| (i, Status::Planned)))
             .collect())
     }
 
@@ -142,12 +211,12 @@ impl Journal {
         &self,
         envelopes: &[Envelope],
         todo: Vec<usize>,
-        inserted: &HashSet<usize>,
+        inserted: &HashMap<usize, Status>,
         out: &mut [Option<Recorded>],
     ) -> Result<Vec<usize>, JournalError> {
         let to_read: Vec<String> = todo
             .iter()
-            .filter(|i| !inserted.contains(*i))
+            .filter(|i| !inserted.contains_key(*i))
             .map(|&i| envelopes[i].key.as_str().to_owned())
             .collect();
         // Without the payload: the producer's role may not read it, and telling a
@@ -157,7 +226,8 @@ impl Journal {
             .rows_by_identity(
                 todo.iter()
                     .filter(|i| {
-                        !inserted.contains(*i) && !rows.contains_key(envelopes[**i].key.as_str())
+                        !inserted.contains_key(*i)
+                            && !rows.contains_key(envelopes[**i].key.as_str())
                     })
                     .map(|&i| &envelopes[i]),
             )
@@ -166,8 +236,12 @@ impl Journal {
         let mut vanished = Vec::new();
         for i in todo {
             let e = &envelopes[i];
-            out[i] = if inserted.contains(&i) {
-                Some(Recorded::New)
+            out[i] = if let Some(&status) = inserted.get(&i) {
+                Some(if status == Status::Planned {
+                    Recorded::New
+                } else {
+                    Recorded::Waiting(status)
+                })
             } else {
                 match rows.get(e.key.as_str()) {
                     Some(op)
@@ -259,6 +333,74 @@ impl Journal {
             .into_iter()
             .map(|op| (op.key.as_str().to_owned(), op))
             .collect())
+    }
+}
+
+/// What a new operation asks beyond `planned` (see [`crate::approval::Control`]).
+pub use crate::approval::Control;
+
+impl Control {
+    /// Nothing beyond `planned`.
+    pub fn is_plain(&self) -> bool {
+        self.hold.is_none()
+            && self.not_before.is_none()
+            && self.expires_at.is_none()
+            && self.max_age.is_none()
+            && self.requested_by.is_none()
+            && self.subject_hash.is_none()
+    }
+}
+
+/// The insert with control columns (`$12` actor, `$13…$20`: not_before, expires_at,
+/// max_age seconds, hold rule, approvals needed, approval timeout seconds, requested by,
+/// subject hash). Held wins over scheduled: an approval then waits for `not_before`.
+const RECORD_CONTROLLED: &str = "INSERT INTO agent_operations (idempotency_key, action_type, tenant, workflow_id, step, business_object, \
+         revision, payload_hash, payload, status, last_actor, last_reason, payload_sealed, payload_key_id, \
+         lease_until, deferred_since, not_before, expires_at, hold_rule, approvals_needed, approval_deadline, \
+         requested_by, subject_hash) \
+     SELECT k, a, t, w, s, b, r, h, p::jsonb, \
+         CASE WHEN hr IS NOT NULL THEN 'awaiting_approval' WHEN nb > now() THEN 'deferred' ELSE 'planned' END, $12, \
+         CASE WHEN hr IS NOT NULL THEN 'held' WHEN nb > now() THEN 'scheduled' ELSE 'recorded' END, ps, pk, \
+         CASE WHEN hr IS NULL AND nb > now() THEN nb END, CASE WHEN hr IS NULL AND nb > now() THEN nb END, nb, \
+         least(ex, now() + make_interval(secs => ma)), hr, coalesce(an, 0), \
+         CASE WHEN hr IS NOT NULL THEN now() + make_interval(secs => ht) END, rb, sh \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], \
+                 $8::text[], $9::text[], $10::bytea[], $11::text[], $13::timestamptz[], $14::timestamptz[], \
+                 $15::float8[], $16::text[], $17::int2[], $18::float8[], $19::text[], $20::text[]) \
+          AS x(k, a, t, w, s, b, r, h, p, ps, pk, nb, ex, ma, hr, an, ht, rb, sh) \
+     ORDER BY k \
+     ON CONFLICT DO NOTHING \
+     RETURNING idempotency_key, status";
+
+/// [`Control`]s as `unnest` arrays, in column order.
+#[derive(Default)]
+struct ControlColumns {
+    not_before: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+    expires_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+    max_age: Vec<Option<f64>>,
+    hold_rule: Vec<Option<String>>,
+    approvals_needed: Vec<Option<i16>>,
+    timeout: Vec<Option<f64>>,
+    requested_by: Vec<Option<String>>,
+    subject_hash: Vec<Option<String>>,
+}
+
+impl ControlColumns {
+    fn of<'c>(controls: impl Iterator<Item = &'c Control>) -> Self {
+        let mut c = Self::default();
+        for x in controls {
+            c.not_before.push(x.not_before);
+            c.expires_at.push(x.expires_at);
+            c.max_age.push(x.max_age.map(|d| d.as_secs_f64()));
+            c.hold_rule.push(x.hold.as_ref().map(|h| h.rule.clone()));
+            c.approvals_needed
+                .push(x.hold.as_ref().map(|h| h.approvals_needed));
+            c.timeout
+                .push(x.hold.as_ref().map(|h| h.timeout.as_secs_f64()));
+            c.requested_by.push(x.requested_by.clone());
+            c.subject_hash.push(x.subject_hash.clone());
+        }
+        c
     }
 }
 

@@ -92,6 +92,8 @@ pub const REVIEWS: &str = "operation_reviews";
 pub const GATEWAY_REQUESTS: &str = "gateway_requests";
 /// The fleet's budget per provider (journal/budget.rs).
 pub const BUDGETS: &str = "provider_budgets";
+/// Approvals and rejections of held operations (journal/control.rs).
+pub const APPROVALS: &str = "operation_approvals";
 /// sqlx's record of applied migrations (every process reads the schema version).
 pub const MIGRATIONS: &str = "_sqlx_migrations";
 
@@ -118,6 +120,15 @@ const RECORD_INSERT: &[&str] = &[
     "status",
     "last_actor",
     "last_reason",
+    "lease_until",
+    "deferred_since",
+    "not_before",
+    "expires_at",
+    "hold_rule",
+    "approvals_needed",
+    "approval_deadline",
+    "requested_by",
+    "subject_hash",
 ];
 
 /// The claim (journal/claim.rs): the columns its `INSERT` names.
@@ -141,6 +152,15 @@ const CLAIM_INSERT: &[&str] = &[
     "last_actor",
     "last_reason",
     "deferred_since",
+    // A held delivery published without the SDK is recorded by the worker (held) before
+    // its claim: the record's columns.
+    "not_before",
+    "expires_at",
+    "hold_rule",
+    "approvals_needed",
+    "approval_deadline",
+    "requested_by",
+    "subject_hash",
 ];
 
 /// The worker's updates: the claim's `ON CONFLICT DO UPDATE SET` and the completion
@@ -199,6 +219,32 @@ const SETTLE_UPDATE: &[&str] = &[
     "last_actor",
     "last_reason",
     "updated_at",
+];
+
+/// Cancel, approve, reject (journal/control.rs): the gateway's API, the desk, the CLI.
+const CONTROL_UPDATE: &[&str] = &[
+    "status",
+    "lease_until",
+    "deferred_since",
+    "approved_at",
+    "payload",
+    "payload_sealed",
+    "payload_key_id",
+    "last_error_code",
+    "last_actor",
+    "last_reason",
+    "updated_at",
+];
+
+/// Recording a person's decision on a held operation (journal/control.rs).
+const APPROVAL_INSERT: &[&str] = &["idempotency_key", "approver", "decision", "note"];
+
+/// What cancelling and deciding approvals need: the move (its event comes from the
+/// trigger) and the decision's row (its id is an identity column: no sequence grant).
+const CONTROL: &[Need] = &[
+    table(Update, OPERATIONS, Only(CONTROL_UPDATE)),
+    table(Select, APPROVALS, Table),
+    table(Insert, APPROVALS, Only(APPROVAL_INSERT)),
 ];
 
 /// The audit rows written directly, not by the trigger: a refused conflict
@@ -347,9 +393,9 @@ pub fn needs(process: Process) -> Vec<Need> {
         Process::Worker => WORKER.to_vec(),
         Process::Reconciler => RECONCILER.to_vec(),
         Process::Producer => PRODUCER.to_vec(),
-        Process::Gateway => [PRODUCER, GATEWAY_ONLY].concat(),
-        Process::Admin => ADMIN.to_vec(),
-        Process::Desk => DESK.to_vec(),
+        Process::Gateway => [PRODUCER, GATEWAY_ONLY, CONTROL].concat(),
+        Process::Admin => [ADMIN, CONTROL].concat(),
+        Process::Desk => [DESK, CONTROL].concat(),
     }
 }
 

@@ -394,7 +394,7 @@ async fn the_worker_refuses_a_payload_that_breaks_the_schema() {
     obj["payload"] = json!({"to": "someone@example.test"});
     let intent = oncely_core::Intent::from_json(Value::Object(obj)).expect("intent");
     let key = match producer.enqueue(intent).await.expect("enqueue") {
-        oncely_producer::Enqueued::Enqueued { key } => key,
+        oncely_producer::Enqueued::Enqueued { key, .. } => key,
         other => panic!("{other:?}"),
     };
     let op = producer

@@ -47,7 +47,36 @@ pub(super) async fn not_claimed(
                 .await;
         }
         Disposition::Conflict => conflict(ctx, publisher, acks, v, op).await,
+        Disposition::Expire => {
+            metrics::counter!(m::DELIVERIES, "action_type" => action, "verdict" => "expired")
+                .increment(1);
+            let keys = [v.env.key.as_str().to_owned()];
+            match ctx.journal.expire_due(Some(&keys), 1, &ctx.owner).await {
+                Ok(rows) => {
+                    for op in &rows {
+                        stopped(ctx, publisher, op).await;
+                    }
+                    acks.ack(&v.inc.action, &v.inc.delivery).await;
+                }
+                Err(e) => {
+                    // The sweeper expires it all the same; deliver again meanwhile.
+                    tracing::warn!(key = %v.env.key, error = %e, "could not expire; delivering again");
+                    acks.refuse(&v.inc.action, &v.inc.delivery, Refuse::Requeue)
+                        .await;
+                }
+            }
+        }
     }
+}
+
+/// An operation stopped before it was sent (`expired`, `rejected`, `cancelled`): count
+/// it, log it (no payload) and tell the agents.
+pub(crate) async fn stopped(ctx: &Context, publisher: &Publisher, op: &Operation) {
+    metrics::counter!(m::CONTROL_DECISIONS, "action_type" => op.action_type.clone(), "decision" => op.status.as_str()).increment(1);
+    metrics::counter!(m::TRANSITIONS, "action_type" => op.action_type.clone(), "status" => op.status.as_str()).increment(1);
+    tracing::info!(key = %op.key, action_type = %op.action_type, status = %op.status, reason = %op.last_reason, "stopped before it was sent");
+    let ev = OutcomeEvent::decided(op);
+    outcome::publish_one(publisher, &ctx.config, &ctx.topology, &ev).await;
 }
 
 /// A delivery deferred by its claim (no slot in the provider's budget): the journal holds

@@ -35,6 +35,7 @@ mod acks;
 mod claim;
 mod commit;
 mod effects;
+pub(crate) use effects::stopped;
 mod intake;
 
 use crate::broker::Session;
