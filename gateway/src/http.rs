@@ -392,7 +392,7 @@ async fn submit(
                     key: view.key.clone(),
                     status: view.status.clone(),
                     links: links(&view.key),
-                    action: Some(view),
+                    action: Some(*view),
                 }),
             )
                 .into_response();

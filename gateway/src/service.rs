@@ -119,8 +119,8 @@ pub enum Submitted {
     },
     /// The same action was requested before: where it stands (nothing new happens).
     Duplicate {
-        /// The operation.
-        view: ActionView,
+        /// The operation (boxed: the other answers are a key).
+        view: Box<ActionView>,
     },
     /// The same identity with another payload: refused, nothing executed.
     Conflict {
@@ -512,7 +512,9 @@ impl Service {
                         not_before: None,
                         expires_at: None,
                     });
-                Ok(Submitted::Duplicate { view })
+                Ok(Submitted::Duplicate {
+                    view: Box::new(view),
+                })
             }
             Ok(Enqueued::Conflict { key, .. }) => Ok(Submitted::Conflict {
                 key: key.as_str().to_owned(),

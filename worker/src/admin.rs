@@ -23,6 +23,38 @@ pub enum AdminCommand {
     /// Settle unknown operations from a provider's statement (dry run unless --apply);
     /// reports unexpected effects (exit code 2) and unknowns the statement lacks.
     ImportStatement(crate::statement::ImportArgs),
+    /// Cancel an action that has not started (planned, held, retrying, deferred): it will
+    /// never be sent. Exit code 3 when too late (the status is printed).
+    Cancel {
+        /// The idempotency key.
+        key: String,
+        /// Who cancels (recorded in the audit trail).
+        #[arg(long)]
+        by: String,
+    },
+    /// Approve a held action (`awaiting_approval`): due for a worker at once, or at its
+    /// `not_before`; with four eyes, one of the two approvals. Never by its requester.
+    Approve {
+        /// The idempotency key.
+        key: String,
+        /// Who approves (recorded; must differ from who asked, and from a first approver).
+        #[arg(long)]
+        by: String,
+        /// Why (recorded).
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Reject a held action: `rejected`, never sent.
+    Reject {
+        /// The idempotency key.
+        key: String,
+        /// Who rejects (recorded).
+        #[arg(long)]
+        by: String,
+        /// Why (recorded).
+        #[arg(long)]
+        note: Option<String>,
+    },
     /// Delete terminal operations past retention (never sooner than the provider's key retention).
     Purge {
         /// Age past which terminal operations go (e.g. `30d`).
@@ -179,7 +211,88 @@ pub async fn run(config: &Config, cmd: AdminCommand) -> anyhow::Result<i32> {
             dry_run,
             pages_per_step,
         } => purge(config, &journal, &older_than, dry_run, pages_per_step).await,
+        AdminCommand::Cancel { key, by } => cancel(&journal, &key, &by).await,
+        AdminCommand::Approve { key, by, note } => {
+            decide(&journal, &key, &by, true, note.as_deref()).await
+        }
+        AdminCommand::Reject { key, by, note } => {
+            decide(&journal, &key, &by, false, note.as_deref()).await
+        }
     }
+}
+
+/// `admin cancel`: 0 cancelled, 3 too late, 1 not found.
+async fn cancel(journal: &Journal, key: &str, by: &str) -> anyhow::Result<i32> {
+    use oncely_core::journal::Cancelled;
+    let key = IdempotencyKey::parse(key)?;
+    Ok(
+        match journal.cancel(&key, None, &format!("admin:{by}")).await? {
+            Cancelled::Cancelled(_) => {
+                println!("cancelled {key}: it will never be sent");
+                0
+            }
+            Cancelled::TooLate(op) if op.status == Status::Cancelled => {
+                println!("cancelled {key} (already)");
+                0
+            }
+            Cancelled::TooLate(op) => {
+                println!("too late: {key} is {} (it may run or have run)", op.status);
+                3
+            }
+            Cancelled::NotFound => {
+                eprintln!("no operation with key {key}");
+                1
+            }
+        },
+    )
+}
+
+/// `admin approve|reject`: 0 done, 3 refused (not held, own request, already decided),
+/// 1 not found.
+async fn decide(
+    journal: &Journal,
+    key: &str,
+    by: &str,
+    approve: bool,
+    note: Option<&str>,
+) -> anyhow::Result<i32> {
+    use oncely_core::journal::Decided;
+    let key = IdempotencyKey::parse(key)?;
+    Ok(
+        match journal
+            .decide_approval(&key, by, approve, note, None)
+            .await?
+        {
+            Decided::Approved(_) => {
+                println!("approved {key}: due for a worker");
+                0
+            }
+            Decided::NeedsMore { more, .. } => {
+                println!("approval recorded for {key}: {more} more (another person) needed");
+                0
+            }
+            Decided::Rejected(_) => {
+                println!("rejected {key}: it will never be sent");
+                0
+            }
+            Decided::NotHeld(op) => {
+                println!("not held: {key} is {}", op.status);
+                3
+            }
+            Decided::OwnRequest => {
+                println!("refused: {by} asked for {key} and may not approve it");
+                3
+            }
+            Decided::AlreadyDecided => {
+                println!("refused: {by} already decided on {key}");
+                3
+            }
+            Decided::NotFound => {
+                eprintln!("no operation with key {key}");
+                1
+            }
+        },
+    )
 }
 
 /// `admin ops list`.

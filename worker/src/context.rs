@@ -28,6 +28,9 @@ pub struct Context {
     pub schemas: Arc<oncely_core::schema::PayloadSchemas>,
     /// Flow control: the fleet's budget per provider.
     pub flow: Arc<crate::flow::Flow>,
+    /// The approval rules: a delivery published without the SDK is held by the worker
+    /// before its claim when a rule matches (docs/approvals.md).
+    pub approvals: Arc<oncely_core::approval::Approvals>,
     /// The broker's URL with its TLS files read (at start: a bad file stops the process
     /// there, with the field and the file named).
     pub amqp: AmqpConnector,
@@ -46,7 +49,10 @@ impl Context {
         let schemas = oncely_core::schema::PayloadSchemas::from_config(&config)
             .map_err(anyhow::Error::msg)?;
         let amqp = AmqpConnector::new(&config.broker)?;
+        let approvals =
+            oncely_core::approval::Approvals::from_config(&config).map_err(anyhow::Error::msg)?;
         Ok(Self {
+            approvals: Arc::new(approvals),
             flow: Arc::new(crate::flow::Flow::new(&config)),
             amqp,
             schemas: Arc::new(schemas),

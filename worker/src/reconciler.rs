@@ -823,13 +823,12 @@ async fn set_flow_gauges(ctx: &Context) -> anyhow::Result<()> {
         metrics::gauge!(m::DEFERRED_BACKLOG, "provider" => provider.to_owned()).set(n as f64);
         metrics::gauge!(m::DEFERRED_OLDEST_AGE, "provider" => provider.to_owned()).set(age);
     }
-    // Held for approval: every action type with rules shows, at zero when none wait.
+    // Held for approval: every action type shows, at zero when none wait.
     let mut held: std::collections::BTreeMap<String, (i64, f64)> = ctx
         .config
         .actions
-        .iter()
-        .filter(|(_, p)| !p.approval.is_empty())
-        .map(|(a, _)| (a.clone(), (0, 0.0)))
+        .keys()
+        .map(|a| (a.clone(), (0, 0.0)))
         .collect();
     for (action_type, n, age) in ctx.journal.held_backlog().await? {
         held.insert(action_type, (n, age));

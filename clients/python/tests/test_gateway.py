@@ -6,6 +6,10 @@ ONCELY_GATEWAY_TOKEN_B (another tenant) and ONCELY_GATEWAY_TOKEN_LIMITED (tenant
 the strings ``to`` and ``subject``), ``ticket.create`` and ``payment_order.create``, and
 workers running, so operations end ``succeeded`` within seconds. The project's suite runs
 this (tests/tests/it/python_client.rs). Without ONCELY_GATEWAY_URL the module is skipped.
+
+The approval tests also need ONCELY_GATEWAY_TOKEN_APPROVER (tenant A, ``approve =
+true``) and an approval rule holding every ``payment_order.create``; without that token
+they are skipped.
 """
 
 import asyncio
@@ -13,6 +17,7 @@ import logging
 import os
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, Iterator
 
 import pytest
@@ -62,6 +67,14 @@ def limited() -> Iterator[oncely.Client]:
 
 
 @pytest.fixture
+def approver() -> Iterator[oncely.Client]:
+    if not os.environ.get("ONCELY_GATEWAY_TOKEN_APPROVER"):
+        pytest.skip("ONCELY_GATEWAY_TOKEN_APPROVER is not set (and the gateway needs an approval rule)")
+    with new_client("ONCELY_GATEWAY_TOKEN_APPROVER") as c:
+        yield c
+
+
+@pytest.fixture
 def wf() -> str:
     """A workflow id no other test or run uses."""
     return f"pytest-{uuid.uuid4().hex}"
@@ -86,6 +99,18 @@ def ticket(wf: str) -> Dict[str, Any]:
         "business_object": "customer-9",
         "revision": 1,
         "payload": {"title": "Printer on fire", "body": "third floor"},
+    }
+
+
+def payment(wf: str, n: int = 1) -> Dict[str, Any]:
+    """A payment order: the approval tests' gateway holds every one of them."""
+    return {
+        "workflow_id": wf,
+        "step": "pay_invoice",
+        "business_object": f"invoice-{n}",
+        "revision": 1,
+        "payload": {"account_id": "example-account", "amount_minor": 125000, "currency": "EUR",
+                    "business_reference": f"invoice-{n}"},
     }
 
 
@@ -225,6 +250,92 @@ def test_nothing_secret_is_logged(a: oncely.Client, wf: str, caplog: pytest.LogC
     assert token("ONCELY_GATEWAY_TOKEN") not in repr(a)
 
 
+# --- schedule, expire, cancel, approve -------------------------------------------------------
+
+
+def test_a_scheduled_action_is_deferred_and_cancelled_once_for_good(a: oncely.Client, wf: str) -> None:
+    later = (datetime.now(timezone.utc) + timedelta(hours=1)).replace(microsecond=0)
+    first = enqueued(a.enqueue("email.send", not_before=later, expires_at=later + timedelta(hours=1), **email(wf)))
+    assert first.status == "deferred"
+    view = a.status(first.key)
+    assert (view.status, view.terminal) == ("deferred", False)
+    assert view.not_before == later and view.expires_at == later + timedelta(hours=1)
+
+    # the time is not part of the identity: asked for at another time, it is the same action
+    again = a.enqueue("email.send", not_before="2099-01-01T00:00:00Z", **email(wf))
+    assert isinstance(again, oncely.Duplicate) and again.key == first.key and again.status == "deferred"
+
+    gone = a.cancel(first.key)
+    assert gone.key == first.key
+    assert (gone.action.status, gone.action.terminal) == ("cancelled", True)
+    # repeating the cancel answers the same
+    assert a.cancel(first.key).action.status == "cancelled"
+    assert a.wait(first.key, timeout=5).status == "cancelled"
+    replay = a.enqueue("email.send", **email(wf))
+    assert isinstance(replay, oncely.Duplicate) and replay.status == "cancelled"
+
+
+def test_cancelling_a_finished_action_is_too_late(a: oncely.Client, b: oncely.Client, wf: str) -> None:
+    key = enqueued(a.enqueue("ticket.create", **ticket(wf))).key
+    assert a.wait(key, timeout=SETTLE).status == "succeeded"
+    with pytest.raises(oncely.TooLate) as e:
+        a.cancel(key)
+    assert (e.value.code, e.value.status, e.value.key, e.value.action_status) == ("too_late", 409, key, "succeeded")
+    assert a.status(key).status == "succeeded"
+    with pytest.raises(oncely.NotFound):
+        b.cancel(key)
+    with pytest.raises(oncely.NotFound):
+        a.cancel("v1:no-such-operation")
+
+
+def test_a_bad_time_is_refused(a: oncely.Client, wf: str) -> None:
+    with pytest.raises(oncely.InvalidRequest) as e:
+        a.enqueue("email.send", not_before="next tuesday", **email(wf))
+    assert (e.value.code, e.value.field) == ("invalid_request", "/not_before")
+    with pytest.raises(ValueError):
+        a.enqueue("email.send", expires_at=datetime.now(), **email(wf))
+    # nothing was recorded
+    assert enqueued(a.enqueue("email.send", **email(wf))).status == "planned"
+
+
+def test_a_held_action_waits_for_an_approver(a: oncely.Client, approver: oncely.Client, wf: str) -> None:
+    held = enqueued(a.enqueue("payment_order.create", **payment(wf, 1)))
+    assert held.status == "awaiting_approval"
+    view = a.status(held.key)
+    assert (view.status, view.terminal, view.held_by_rule, view.approvals_needed) == (
+        "awaiting_approval", False, "every-payment", 1)
+    assert view.approval_deadline is not None and view.approval_deadline > datetime.now(timezone.utc)
+
+    with pytest.raises(oncely.Forbidden) as e:
+        a.approve(held.key)  # not an approver token
+    assert (e.value.code, e.value.status) == ("forbidden", 403)
+    d = approver.approve(held.key, note="invoice checked")
+    assert (d.outcome, d.key, d.more_approvals_needed) == ("approved", held.key, None)
+    assert d.action.status != "awaiting_approval"
+    with pytest.raises(oncely.NotHeld) as e2:
+        approver.approve(held.key)
+    assert (e2.value.code, e2.value.status) == ("not_held", 409)
+
+    rejected = enqueued(a.enqueue("payment_order.create", **payment(wf, 2))).key
+    d = approver.reject(rejected, note="not our supplier")
+    assert (d.outcome, d.action.status, d.action.terminal) == ("rejected", "rejected", True)
+    assert a.wait(rejected, timeout=5).status == "rejected"
+    with pytest.raises(oncely.NotHeld):
+        approver.reject(rejected)
+
+    own = enqueued(approver.enqueue("payment_order.create", **payment(wf, 3))).key
+    with pytest.raises(oncely.OwnRequest) as e3:
+        approver.approve(own)
+    assert e3.value.code == "own_request" and isinstance(e3.value, oncely.Forbidden)
+
+    # a held action can be cancelled; approving it then is refused
+    assert a.cancel(own).action.status == "cancelled"
+    with pytest.raises(oncely.NotHeld):
+        approver.approve(own)
+    with pytest.raises(oncely.NotFound):
+        approver.approve("v1:no-such-operation")
+
+
 # --- async --------------------------------------------------------------------------------
 
 
@@ -249,6 +360,31 @@ async def test_the_async_client(wf: str) -> None:
     async with oncely.AsyncClient(URL, token=token("ONCELY_GATEWAY_TOKEN_B")) as other_tenant:
         with pytest.raises(oncely.NotFound):
             await other_tenant.status(first.key)
+
+
+@pytest.mark.anyio
+async def test_the_async_client_schedules_cancels_and_decides(approver: oncely.Client, wf: str) -> None:
+    later = datetime.now(timezone.utc) + timedelta(minutes=30)
+    async with oncely.AsyncClient(URL, token=token("ONCELY_GATEWAY_TOKEN")) as c:
+        first = enqueued(await c.enqueue("email.send", not_before=later, **email(wf)))
+        assert first.status == "deferred"
+        assert (await c.cancel(first.key)).action.status == "cancelled"
+        assert (await c.cancel(first.key)).action.terminal
+
+        done = enqueued(await c.enqueue("ticket.create", **ticket(wf))).key
+        assert (await c.wait(done, timeout=SETTLE)).status == "succeeded"
+        with pytest.raises(oncely.TooLate) as e:
+            await c.cancel(done)
+        assert e.value.action_status == "succeeded"
+
+        held = enqueued(await c.enqueue("payment_order.create", **payment(wf))).key
+        with pytest.raises(oncely.Forbidden):
+            await c.reject(held)
+    async with oncely.AsyncClient(URL, token=token("ONCELY_GATEWAY_TOKEN_APPROVER")) as ok:
+        d = await ok.reject(held, note="async")
+        assert d.outcome == "rejected" and d.action.terminal
+        with pytest.raises(oncely.NotHeld):
+            await ok.approve(held)
 
 
 @pytest.mark.anyio

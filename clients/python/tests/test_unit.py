@@ -361,6 +361,238 @@ def test_empty_arguments_are_refused_before_sending() -> None:
         oncely.Client(URL, token="")
 
 
+# --- schedule, expire, cancel, approve -----------------------------------------------------
+
+HELD: Dict[str, Any] = {
+    **RUNNING,
+    "status": "awaiting_approval",
+    "attempt": 0,
+    "held_by_rule": "big_payments",
+    "approvals_needed": 2,
+    "approval_deadline": "2026-12-09T09:00:00.000Z",
+    "not_before": "2026-12-08T09:00:00.000Z",
+    "expires_at": "2026-12-10T09:00:00.5+03:00",
+}
+CANCELLED: Dict[str, Any] = {**RUNNING, "status": "cancelled", "terminal": True, "attempt": 0, "error_code": "cancelled"}
+
+
+def recorder(status: int, body: Any, seen: List[httpx.Request]) -> Handler:
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(status, json=body)
+
+    return handle
+
+
+def test_enqueue_sends_not_before_and_expires_at_as_rfc3339() -> None:
+    seen: List[httpx.Request] = []
+    at = datetime(2026, 12, 8, 12, 0, 0, tzinfo=timezone(timedelta(hours=3)))
+    with client(recorder(202, {**ENQUEUED, "status": "deferred"}, seen)) as c:
+        r = c.enqueue("email.send", not_before=at, expires_at="2026-12-10T09:00:00+01:00", **IDENTITY)
+        assert isinstance(r, oncely.Enqueued) and r.status == "deferred"
+        enqueue(c, not_before=datetime(2026, 12, 8, 9, 0, 0, 250000, tzinfo=timezone.utc))
+    body = json.loads(seen[0].content)
+    assert body == {**IDENTITY, "not_before": "2026-12-08T09:00:00Z", "expires_at": "2026-12-10T09:00:00+01:00"}
+    assert json.loads(seen[1].content)["not_before"] == "2026-12-08T09:00:00.250000Z"
+    assert "expires_at" not in json.loads(seen[1].content)
+
+
+def test_a_naive_or_empty_time_is_refused_before_sending() -> None:
+    seen: List[httpx.Request] = []
+    with client(recorder(202, ENQUEUED, seen)) as c:
+        with pytest.raises(ValueError, match="naive"):
+            enqueue(c, not_before=datetime(2026, 12, 8, 9, 0, 0))
+        with pytest.raises(ValueError, match="naive"):
+            enqueue(c, expires_at=datetime.now())
+        with pytest.raises(ValueError):
+            enqueue(c, expires_at="")
+        with pytest.raises(TypeError):
+            enqueue(c, not_before=1765184400)
+    assert seen == []
+
+
+def test_a_bad_time_string_is_the_gateways_invalid_request() -> None:
+    body = {"error": {"code": "invalid_request", "message": "`not_before` must be an RFC 3339 time", "field": "/not_before"}}
+    with client(answer(400, body)) as c:
+        with pytest.raises(oncely.InvalidRequest) as e:
+            enqueue(c, not_before="tomorrow")
+    assert (e.value.code, e.value.field) == ("invalid_request", "/not_before")
+
+
+def test_an_awaiting_approval_answer_and_the_new_view_fields() -> None:
+    with client(answer(202, {**ENQUEUED, "status": "awaiting_approval"})) as c:
+        r = enqueue(c)
+    assert isinstance(r, oncely.Enqueued) and r.status == "awaiting_approval"
+
+    with client(answer(200, HELD)) as c:
+        a = c.status("v1:ab")
+    assert (a.status, a.terminal, a.held_by_rule, a.approvals_needed) == ("awaiting_approval", False, "big_payments", 2)
+    assert a.approval_deadline == datetime(2026, 12, 9, 9, 0, tzinfo=timezone.utc)
+    assert a.not_before == datetime(2026, 12, 8, 9, 0, tzinfo=timezone.utc)
+    assert a.expires_at == datetime(2026, 12, 10, 6, 0, 0, 500000, tzinfo=timezone.utc)
+    assert a.expires_at is not None and a.expires_at.utcoffset() == timedelta(hours=3)
+
+    plain = oncely.Action.from_json(ACTION)
+    assert (plain.held_by_rule, plain.approvals_needed, plain.approval_deadline, plain.not_before, plain.expires_at) == (None,) * 5
+
+
+def test_a_view_with_a_bad_time_is_an_invalid_response() -> None:
+    with client(answer(200, {**HELD, "not_before": "next tuesday"})) as c:
+        with pytest.raises(oncely.OncelyError) as e:
+            c.status("v1:ab")
+    assert e.value.code == "invalid_response"
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed_final", "rejected", "cancelled", "expired"])
+def test_the_terminal_statuses(status: str) -> None:
+    assert status in oncely.TERMINAL_STATUSES
+    assert oncely.Action.from_json({"key": "v1:x", "status": status}).terminal
+    for live in ("planned", "deferred", "awaiting_approval", "executing", "unknown"):
+        assert not oncely.Action.from_json({"key": "v1:x", "status": live}).terminal
+
+
+def test_cancel_posts_to_the_keys_cancel_and_returns_cancelled() -> None:
+    seen: List[httpx.Request] = []
+    with client(recorder(200, {"outcome": "cancelled", "action": CANCELLED}, seen)) as c:
+        r = c.cancel("v1:ab/c")
+    assert r == oncely.Cancelled(key="v1:ab", action=oncely.Action.from_json(CANCELLED))
+    assert r.action.status == "cancelled" and r.action.terminal
+    (req,) = seen
+    assert (req.method, path_of(req)) == ("POST", "/v1/actions/v1%3Aab%2Fc/cancel")
+    assert req.headers["authorization"] == f"Bearer {TOKEN}"
+
+
+def test_a_late_cancel_raises_too_late_with_the_status() -> None:
+    body = {"error": {"code": "too_late", "message": "too late to cancel: the action is executing (it may run or have run)", "key": "v1:ab"}}
+    with client(answer(409, body)) as c:
+        with pytest.raises(oncely.TooLate) as e:
+            c.cancel("v1:ab")
+    assert (e.value.code, e.value.status, e.value.key, e.value.action_status) == ("too_late", 409, "v1:ab", "executing")
+    assert not isinstance(e.value, oncely.RequestInProgress)
+    e2 = pickle.loads(pickle.dumps(e.value))
+    assert type(e2) is oncely.TooLate and (e2.action_status, e2.key) == ("executing", "v1:ab")
+    assert oncely.TooLate("too_late", "some other words", 409).action_status is None
+
+
+def test_cancel_of_an_unknown_key_is_not_found_and_answers_not_the_api_are_invalid() -> None:
+    with client(error(404, "not_found")) as c:
+        with pytest.raises(oncely.NotFound):
+            c.cancel("v1:nope")
+    for body in ({"outcome": "cancelled"}, {"outcome": "something", "action": CANCELLED}):
+        with client(answer(200, body)) as c:
+            with pytest.raises(oncely.OncelyError) as e:
+                c.cancel("v1:ab")
+        assert e.value.code == "invalid_response"
+    with client(answer(200, {})) as c:
+        with pytest.raises(ValueError):
+            c.cancel("")
+
+
+def test_approve_and_reject_post_the_note_and_return_the_decision() -> None:
+    seen: List[httpx.Request] = []
+    approved = {"outcome": "approved", "action": {**HELD, "status": "planned"}}
+    with client(recorder(200, approved, seen)) as c:
+        d = c.approve("v1:ab", note="looks right")
+        d2 = c.approve("v1:ab")
+    assert d == d2
+    assert (d.outcome, d.key, d.more_approvals_needed, d.action.status) == ("approved", "v1:ab", None, "planned")
+    assert [(r.method, path_of(r)) for r in seen] == [("POST", "/v1/actions/v1%3Aab/approve")] * 2
+    assert json.loads(seen[0].content) == {"note": "looks right"}
+    assert json.loads(seen[1].content) == {}
+    assert seen[0].headers["content-type"] == "application/json"
+
+    recorded = {"outcome": "approval_recorded", "more_approvals_needed": 1, "action": HELD}
+    with client(answer(200, recorded)) as c:
+        d = c.approve("v1:ab")
+    assert (d.outcome, d.more_approvals_needed, d.action.approvals_needed) == ("approval_recorded", 1, 2)
+
+    seen.clear()
+    rejected = {"outcome": "rejected", "action": {**HELD, "status": "rejected", "terminal": True, "error_code": "rejected"}}
+    with client(recorder(200, rejected, seen)) as c:
+        d = c.reject("v1:ab", note="wrong amount")
+    assert (d.outcome, d.action.status, d.action.terminal) == ("rejected", "rejected", True)
+    assert path_of(seen[0]) == "/v1/actions/v1%3Aab/reject"
+    assert json.loads(seen[0].content) == {"note": "wrong amount"}
+
+
+@pytest.mark.parametrize(
+    "status,code,cls",
+    [
+        (403, "forbidden", oncely.Forbidden),
+        (403, "own_request", oncely.OwnRequest),
+        (409, "not_held", oncely.NotHeld),
+        (409, "already_decided", oncely.AlreadyDecided),
+        (404, "not_found", oncely.NotFound),
+        (400, "invalid_request", oncely.InvalidRequest),
+    ],
+)
+def test_decision_errors_map_by_code(status: int, code: str, cls: Type[oncely.OncelyError]) -> None:
+    with client(error(status, code, "why")) as c:
+        with pytest.raises(cls) as e:
+            c.approve("v1:ab")
+        with pytest.raises(cls):
+            c.reject("v1:ab")
+    assert type(e.value) is cls and (e.value.code, e.value.status) == (code, status)
+
+
+def test_own_request_is_a_forbidden_and_an_unknown_409_is_still_request_in_progress() -> None:
+    assert issubclass(oncely.OwnRequest, oncely.Forbidden)
+    for cls in (oncely.TooLate, oncely.NotHeld, oncely.AlreadyDecided):
+        assert not issubclass(cls, oncely.RequestInProgress)
+    with client(error(409, "something_new")) as c:
+        with pytest.raises(oncely.RequestInProgress):
+            c.cancel("v1:ab")
+    # a code is trusted only with its status
+    with client(error(400, "too_late")) as c:
+        with pytest.raises(oncely.InvalidRequest):
+            c.cancel("v1:ab")
+
+
+def test_a_decision_answer_that_is_not_the_api_is_an_invalid_response() -> None:
+    for body in ({"outcome": "maybe", "action": HELD}, {"outcome": "approved"}, ["x"]):
+        with client(answer(200, body)) as c:
+            with pytest.raises(oncely.OncelyError) as e:
+                c.approve("v1:ab")
+        assert e.value.code == "invalid_response"
+
+
+@pytest.mark.anyio
+async def test_async_schedule_cancel_approve_reject() -> None:
+    seen: List[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        path = path_of(request)
+        if path.endswith("/cancel"):
+            if len(seen) > 2:
+                return httpx.Response(409, json={"error": {"code": "too_late", "message": "too late to cancel: the action is succeeded (it may run or have run)", "key": "v1:ab"}})
+            return httpx.Response(200, json={"outcome": "cancelled", "action": CANCELLED})
+        if path.endswith("/approve"):
+            return httpx.Response(403, json={"error": {"code": "own_request", "message": "no"}})
+        if path.endswith("/reject"):
+            return httpx.Response(200, json={"outcome": "rejected", "action": {**HELD, "status": "rejected", "terminal": True}})
+        return httpx.Response(202, json={**ENQUEUED, "status": "deferred"})
+
+    soon = datetime.now(timezone.utc) + timedelta(hours=1)
+    async with async_client(handle) as c:
+        r = await c.enqueue("email.send", not_before=soon, expires_at=soon + timedelta(hours=1), **IDENTITY)
+        assert isinstance(r, oncely.Enqueued) and r.status == "deferred"
+        assert (await c.cancel("v1:ab")).action.status == "cancelled"
+        with pytest.raises(oncely.TooLate) as e:
+            await c.cancel("v1:ab")
+        assert e.value.action_status == "succeeded"
+        with pytest.raises(oncely.OwnRequest):
+            await c.approve("v1:ab", note="mine")
+        d = await c.reject("v1:ab")
+        assert d.outcome == "rejected" and d.action.terminal
+        with pytest.raises(ValueError):
+            await c.enqueue("email.send", not_before=datetime.now(), **IDENTITY)
+    sent = json.loads(seen[0].content)
+    assert oncely.Action.from_json({"key": "k", "status": "deferred", "not_before": sent["not_before"]}).not_before == soon
+    assert json.loads(seen[3].content) == {"note": "mine"}
+    assert json.loads(seen[4].content) == {}
+
+
 # --- secrecy, values, lifecycle -------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@
 mod admin;
 mod cli;
 mod cluster;
+mod control;
 mod dashboards;
 mod desk;
 mod failover;

@@ -30,6 +30,44 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+/// Approval rules hold no matter how an intent arrives: a delivery of an action type
+/// with rules that one of them matches is recorded `awaiting_approval` before the claim
+/// (`ON CONFLICT DO NOTHING`: an intent the SDK or the gateway recorded keeps its row, held
+/// or approved). The claim then meets the held row and leaves it; an approval publishes
+/// it. Costs nothing for action types without rules.
+async fn hold_unrecorded(ctx: &Context, valid: &[Valid]) -> Result<(), JournalError> {
+    if ctx.approvals.is_empty() {
+        return Ok(());
+    }
+    let governed: Vec<&oncely_core::Envelope> = valid
+        .iter()
+        .map(|v| &v.env)
+        .filter(|e| {
+            ctx.approvals
+                .governs(e.intent.identity.action_type.as_str())
+        })
+        .collect();
+    if governed.is_empty() {
+        return Ok(());
+    }
+    let controls = ctx
+        .approvals
+        .controls(&ctx.journal, &governed, &[], &ctx.owner)
+        .await?;
+    let (envs, controls): (Vec<oncely_core::Envelope>, Vec<_>) = governed
+        .into_iter()
+        .zip(controls)
+        .filter(|(_, c)| c.hold.is_some())
+        .map(|(e, c)| (e.clone(), c))
+        .unzip();
+    if !envs.is_empty() {
+        ctx.journal
+            .record_controlled(&envs, &controls, &ctx.owner)
+            .await?;
+    }
+    Ok(())
+}
+
 /// Claim the valid deliveries of a batch and start a call for each won claim.
 pub(super) async fn claim_and_dispatch(
     ctx: &Context,
@@ -45,6 +83,14 @@ pub(super) async fn claim_and_dispatch(
     let Ok(mut permits) = sem.clone().acquire_many_owned(valid.len() as u32).await else {
         return;
     };
+    if let Err(e) = hold_unrecorded(ctx, &valid).await {
+        tracing::error!(error = %e, n = valid.len(), "approval rules cannot be applied; deliveries go back to the queue");
+        for v in &valid {
+            acks.refuse(&v.inc.action, &v.inc.delivery, Refuse::Requeue)
+                .await;
+        }
+        return;
+    }
     let started = Instant::now();
     // Slots are offsets from the budget's statement: waiting from when it answered, not
     // from after the claim, keeps two workers' calls in the order their slots were given.

@@ -14,21 +14,38 @@ runs twice.
                       payload={"to": "a@example.test", "subject": "Approved"})
         if not isinstance(r, Conflict):
             done = c.wait(r.key, timeout=60)
+
+``enqueue`` also takes ``not_before`` / ``expires_at``; ``cancel(key)`` stops an action
+before it is sent, ``approve(key)`` / ``reject(key)`` decide on one an approval rule holds.
 """
 
 from ._client import SERVER_MAX_WAIT, AsyncClient, Client
 from ._errors import (
+    AlreadyDecided,
     Forbidden,
     InvalidRequest,
     NotFound,
+    NotHeld,
     OncelyError,
+    OwnRequest,
     PayloadTooLarge,
     RateLimited,
     RequestInProgress,
+    TooLate,
     Unauthorized,
     Unavailable,
 )
-from ._types import TERMINAL_STATUSES, Action, ActionType, Conflict, Duplicate, Enqueued, EnqueueResult
+from ._types import (
+    TERMINAL_STATUSES,
+    Action,
+    ActionType,
+    Cancelled,
+    Conflict,
+    Decision,
+    Duplicate,
+    Enqueued,
+    EnqueueResult,
+)
 from ._version import __version__
 
 __all__ = [
@@ -36,19 +53,25 @@ __all__ = [
     "TERMINAL_STATUSES",
     "Action",
     "ActionType",
+    "AlreadyDecided",
     "AsyncClient",
+    "Cancelled",
     "Client",
     "Conflict",
+    "Decision",
     "Duplicate",
     "Enqueued",
     "EnqueueResult",
     "Forbidden",
     "InvalidRequest",
     "NotFound",
+    "NotHeld",
     "OncelyError",
+    "OwnRequest",
     "PayloadTooLarge",
     "RateLimited",
     "RequestInProgress",
+    "TooLate",
     "Unauthorized",
     "Unavailable",
     "__version__",

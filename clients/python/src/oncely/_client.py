@@ -10,13 +10,23 @@ import math
 import time
 from datetime import datetime, timezone
 from types import TracebackType
-from typing import Any, Dict, List, Mapping, NoReturn, Optional, Type
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Type, Union
 from urllib.parse import quote
 
 import httpx
 
-from ._errors import BY_STATUS, OncelyError, Unavailable
-from ._types import Action, ActionType, Conflict, Duplicate, Enqueued, EnqueueResult
+from ._errors import BY_CODE, BY_STATUS, OncelyError, Unavailable
+from ._types import (
+    Action,
+    ActionType,
+    Cancelled,
+    Conflict,
+    Decision,
+    Duplicate,
+    Enqueued,
+    EnqueueResult,
+    format_time,
+)
 from ._version import __version__
 
 __all__ = ["AsyncClient", "Client", "SERVER_MAX_WAIT"]
@@ -26,6 +36,9 @@ SERVER_MAX_WAIT = 60.0
 
 #: A long-poll that comes back early and not terminal is not repeated sooner than this.
 _MIN_POLL_INTERVAL = 0.25
+
+#: ``not_before`` / ``expires_at``: a timezone-aware datetime or an RFC 3339 string.
+Time = Union[datetime, str]
 
 
 # --- requests ---------------------------------------------------------------------------
@@ -48,16 +61,35 @@ def _enqueue_path(action_type: str) -> str:
     return f"/v1/actions/{_quote_segment(action_type)}"
 
 
+def _control_path(key: str, verb: str) -> str:
+    return f"{_action_path(key)}/{verb}"
+
+
 def _enqueue_body(
-    workflow_id: str, step: str, business_object: str, revision: int, payload: Mapping[str, Any]
+    workflow_id: str,
+    step: str,
+    business_object: str,
+    revision: int,
+    payload: Mapping[str, Any],
+    not_before: Optional[Time] = None,
+    expires_at: Optional[Time] = None,
 ) -> Dict[str, Any]:
-    return {
+    body: Dict[str, Any] = {
         "workflow_id": workflow_id,
         "step": step,
         "business_object": business_object,
         "revision": revision,
         "payload": dict(payload),
     }
+    if not_before is not None:
+        body["not_before"] = format_time(not_before)
+    if expires_at is not None:
+        body["expires_at"] = format_time(expires_at)
+    return body
+
+
+def _decision_body(note: Optional[str]) -> Dict[str, Any]:
+    return {} if note is None else {"note": note}
 
 
 def _enqueue_headers(idempotency_key: Optional[str]) -> Dict[str, str]:
@@ -118,9 +150,10 @@ def _error(r: httpx.Response) -> OncelyError:
         err = {}
     field = err.get("field")
     key = err.get("key")
-    cls = BY_STATUS.get(r.status_code, OncelyError)
+    code = str(err.get("code") or f"http_{r.status_code}")
+    cls = BY_CODE.get((r.status_code, code)) or BY_STATUS.get(r.status_code, OncelyError)
     return cls(
-        code=str(err.get("code") or f"http_{r.status_code}"),
+        code=code,
         message=str(err.get("message") or r.reason_phrase or f"HTTP {r.status_code}"),
         status=r.status_code,
         field=str(field) if field is not None else None,
@@ -176,6 +209,30 @@ def _action(r: httpx.Response) -> Action:
         _invalid(r)
     try:
         return Action.from_json(body)
+    except (KeyError, TypeError, ValueError) as e:
+        _invalid(r, e)
+
+
+def _cancelled(r: httpx.Response) -> Cancelled:
+    if r.status_code != 200:
+        raise _error(r)
+    body = _json_object(r)
+    if body is None:
+        _invalid(r)
+    try:
+        return Cancelled.from_json(body)
+    except (KeyError, TypeError, ValueError) as e:
+        _invalid(r, e)
+
+
+def _decision(r: httpx.Response) -> Decision:
+    if r.status_code != 200:
+        raise _error(r)
+    body = _json_object(r)
+    if body is None:
+        _invalid(r)
+    try:
+        return Decision.from_json(body)
     except (KeyError, TypeError, ValueError) as e:
         _invalid(r, e)
 
@@ -275,6 +332,8 @@ class Client:
         revision: int,
         payload: Mapping[str, Any],
         idempotency_key: Optional[str] = None,
+        not_before: Optional[Time] = None,
+        expires_at: Optional[Time] = None,
     ) -> EnqueueResult:
         """Ask for an action once.
 
@@ -283,11 +342,20 @@ class Client:
         (the same identity with another payload: refused). Raises :class:`OncelyError`
         subclasses for error answers. ``idempotency_key`` sends the optional
         ``Idempotency-Key`` header.
+
+        ``not_before``: deliver no earlier than this (the answer's status is
+        ``deferred``); ``expires_at``: not started by then, it ends ``expired``, never
+        sent. Each is a timezone-aware ``datetime`` (a naive one raises ``ValueError``)
+        or an RFC 3339 string, sent as it is (the gateway refuses a bad one:
+        :class:`InvalidRequest`, field ``/not_before``). Neither is part of the
+        identity: the same action asked for at another time is a :class:`Duplicate`.
         """
         request = self._http.build_request(
             "POST",
             _enqueue_path(action_type),
-            json=_enqueue_body(workflow_id, step, business_object, revision, payload),
+            json=_enqueue_body(
+                workflow_id, step, business_object, revision, payload, not_before, expires_at
+            ),
             headers=_enqueue_headers(idempotency_key),
         )
         return _enqueue_result(self._send(request))
@@ -317,6 +385,42 @@ class Client:
             pause = _early_poll_pause(started, chunk, deadline)
             if pause > 0:
                 time.sleep(pause)
+
+    def cancel(self, key: str) -> Cancelled:
+        """Cancel the action before it is sent: on return it never will be. Repeating it
+        answers the same :class:`Cancelled`.
+
+        Raises :class:`TooLate` when a worker took it first or it had already ended
+        (``e.action_status`` names its status: it may run or have run),
+        :class:`NotFound` for an unknown key or one of another tenant. Any token of the
+        action's tenant may cancel.
+        """
+        request = self._http.build_request("POST", _control_path(key, "cancel"))
+        return _cancelled(self._send(request))
+
+    def approve(self, key: str, note: Optional[str] = None) -> Decision:
+        """Approve an action an approval rule holds (``awaiting_approval``); ``note``
+        goes to the audit trail (at most 2,000 characters).
+
+        Returns a :class:`Decision`: ``approved`` (due now, or at its ``not_before``)
+        or ``approval_recorded`` (four eyes: ``more_approvals_needed`` more). Needs a
+        token with ``approve = true``, of the action's tenant: else :class:`Forbidden`
+        (code ``forbidden``); :class:`OwnRequest` for the token that asked for it,
+        :class:`NotHeld` when it is not awaiting approval, :class:`AlreadyDecided`
+        when this token decided on it before, :class:`NotFound`.
+        """
+        return self._decide(key, "approve", note)
+
+    def reject(self, key: str, note: Optional[str] = None) -> Decision:
+        """Reject a held action: it ends ``rejected``, never sent (the
+        :class:`Decision`'s outcome is ``rejected``). The errors of :meth:`approve`."""
+        return self._decide(key, "reject", note)
+
+    def _decide(self, key: str, verb: str, note: Optional[str]) -> Decision:
+        request = self._http.build_request(
+            "POST", _control_path(key, verb), json=_decision_body(note)
+        )
+        return _decision(self._send(request))
 
     def action_types(self) -> List[ActionType]:
         """The action types this token may enqueue, with their payload schemas."""
@@ -385,12 +489,16 @@ class AsyncClient:
         revision: int,
         payload: Mapping[str, Any],
         idempotency_key: Optional[str] = None,
+        not_before: Optional[Time] = None,
+        expires_at: Optional[Time] = None,
     ) -> EnqueueResult:
         """See :meth:`Client.enqueue`."""
         request = self._http.build_request(
             "POST",
             _enqueue_path(action_type),
-            json=_enqueue_body(workflow_id, step, business_object, revision, payload),
+            json=_enqueue_body(
+                workflow_id, step, business_object, revision, payload, not_before, expires_at
+            ),
             headers=_enqueue_headers(idempotency_key),
         )
         return _enqueue_result(await self._send(request))
@@ -417,6 +525,26 @@ class AsyncClient:
             pause = _early_poll_pause(started, chunk, deadline)
             if pause > 0:
                 await asyncio.sleep(pause)
+
+    async def cancel(self, key: str) -> Cancelled:
+        """See :meth:`Client.cancel`."""
+        return _cancelled(
+            await self._send(self._http.build_request("POST", _control_path(key, "cancel")))
+        )
+
+    async def approve(self, key: str, note: Optional[str] = None) -> Decision:
+        """See :meth:`Client.approve`."""
+        return await self._decide(key, "approve", note)
+
+    async def reject(self, key: str, note: Optional[str] = None) -> Decision:
+        """See :meth:`Client.reject`."""
+        return await self._decide(key, "reject", note)
+
+    async def _decide(self, key: str, verb: str, note: Optional[str]) -> Decision:
+        request = self._http.build_request(
+            "POST", _control_path(key, verb), json=_decision_body(note)
+        )
+        return _decision(await self._send(request))
 
     async def action_types(self) -> List[ActionType]:
         """See :meth:`Client.action_types`."""

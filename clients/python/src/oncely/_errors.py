@@ -1,5 +1,6 @@
 """Errors: the gateway's error answers (and transport failures) as exceptions."""
 
+import re
 from typing import Any, Dict, Optional, Tuple, Type
 
 
@@ -58,7 +59,13 @@ class Unauthorized(OncelyError):
 
 
 class Forbidden(OncelyError):
-    """403 ``forbidden_action_type``: the token may not enqueue this action type."""
+    """403 ``forbidden_action_type``: the token may not enqueue this action type; or
+    ``forbidden``: the token may not approve or reject (the tokens file grants
+    ``approve = true``)."""
+
+
+class OwnRequest(Forbidden):
+    """403 ``own_request``: the token that asked for an action may not approve it."""
 
 
 class NotFound(OncelyError):
@@ -69,6 +76,42 @@ class NotFound(OncelyError):
 class RequestInProgress(OncelyError):
     """409 ``request_in_progress``: the first request with this ``Idempotency-Key`` is
     still being recorded; try again shortly."""
+
+
+class TooLate(OncelyError):
+    """409 ``too_late``: a worker took the action first, or it had already ended — the
+    cancel did not happen, and the action may run or have run. ``action_status`` is the
+    action's status the gateway named (``executing``, ``succeeded``, …; ``None`` when
+    the message did not name one) and ``key`` its key; call ``status(key)`` or
+    ``wait(key)`` for the whole operation."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        status: int,
+        field: Optional[str] = None,
+        retry_after: Optional[float] = None,
+        *,
+        key: Optional[str] = None,
+    ) -> None:
+        super().__init__(code, message, status, field, retry_after, key=key)
+        found = _NAMED_STATUS.search(message)
+        self.action_status: Optional[str] = found.group(1) if found else None
+
+
+#: How the gateway names the status in a ``too_late`` message ("… the action is executing …").
+_NAMED_STATUS = re.compile(r"the action is ([a-z_]+)")
+
+
+class NotHeld(OncelyError):
+    """409 ``not_held``: the action is not awaiting approval (never held, or already
+    approved, rejected, cancelled…); ``key`` names it."""
+
+
+class AlreadyDecided(OncelyError):
+    """409 ``already_decided``: this token already decided on the action (four eyes
+    needs another person)."""
 
 
 class PayloadTooLarge(OncelyError):
@@ -92,6 +135,15 @@ class Unavailable(OncelyError):
     published when the broker is back.
     """
 
+
+#: The exception class for an HTTP status and error code, before the status's alone
+#: (:data:`BY_STATUS`).
+BY_CODE: Dict[Tuple[int, str], Type[OncelyError]] = {
+    (403, "own_request"): OwnRequest,
+    (409, "too_late"): TooLate,
+    (409, "not_held"): NotHeld,
+    (409, "already_decided"): AlreadyDecided,
+}
 
 #: The exception class for each HTTP status; any other status raises OncelyError.
 BY_STATUS: Dict[int, Type[OncelyError]] = {
