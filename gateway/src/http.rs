@@ -570,6 +570,7 @@ async fn decide(
     approve: bool,
 ) -> Result<Json<crate::service::Decision>, ApiError> {
     let caller = caller?;
+    crate::service::require_approver(&caller)?;
     let body: DecisionBody = if body.iter().all(u8::is_ascii_whitespace) {
         DecisionBody::default()
     } else {

@@ -652,13 +652,7 @@ impl Service {
         approve: bool,
         note: Option<&str>,
     ) -> Result<Decision, ApiError> {
-        if !caller.approve {
-            return Err(ApiError::new(
-                403,
-                "forbidden",
-                "this token may not approve or reject (the tokens file grants `approve = true`)",
-            ));
-        }
+        require_approver(caller)?;
         let key = IdempotencyKey::parse(key).map_err(|_| ApiError::not_found())?;
         let producer = self.producer().await;
         let decided = producer
@@ -686,6 +680,20 @@ impl Service {
             return Err("rabbitmq: not connected".into());
         }
         Ok(())
+    }
+}
+
+/// `403 forbidden` unless the caller's token may approve (checked before anything else
+/// of the request is read).
+pub fn require_approver(caller: &Caller) -> Result<(), ApiError> {
+    if caller.approve {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            403,
+            "forbidden",
+            "this token may not approve or reject (the tokens file grants `approve = true`)",
+        ))
     }
 }
 

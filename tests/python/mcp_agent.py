@@ -24,6 +24,7 @@ TOKEN = os.environ["ONCELY_GATEWAY_TOKEN"]
 passed = 0
 failed = 0
 queued_keys: list = []
+cancelled_keys: list = []
 
 
 def check(label: str, cond: bool, detail: str = "") -> None:
@@ -51,8 +52,8 @@ async def scenario(client: Client, label: str) -> None:
     tools = await client.list_tools()
     names = sorted(t.name for t in tools.tools)
     check(
-        "list_tools: one tool per action type + status + wait",
-        names == ["action_status", "action_wait", "email_send", "payment_order_create", "ticket_create"],
+        "list_tools: one tool per action type + status + wait + cancel",
+        names == ["action_cancel", "action_status", "action_wait", "email_send", "payment_order_create", "ticket_create"],
         str(names),
     )
     email = next(t for t in tools.tools if t.name == "email_send")
@@ -90,6 +91,18 @@ async def scenario(client: Client, label: str) -> None:
 
     bad = await client.call_tool("email_send", {**args(wf), "payload": {"subject": "no recipient"}})
     check("schema violation: an error result naming the path", bad.is_error and "schema_violation" in text_of(bad), text_of(bad))
+    # Scheduled far ahead, then cancelled before it could run: never sent (not in
+    # queued_keys: the test expects no effect for it).
+    later = await client.call_tool("email_send", {**args(f"{wf}-later"), "not_before": "2099-01-01T00:00:00Z"})
+    check("not_before: scheduled, not queued", not later.is_error and text_of(later).startswith("scheduled:"), text_of(later))
+    lkey = (later.structured_content or {}).get("key", "")
+    cancelled = await client.call_tool("action_cancel", {"key": lkey})
+    check("action_cancel before it ran: cancelled", not cancelled.is_error and text_of(cancelled).startswith("cancelled:"), text_of(cancelled))
+    after = await client.call_tool("action_wait", {"key": lkey, "timeout_seconds": 1})
+    check("action_wait after a cancel: cancelled, never sent", "status: cancelled" in text_of(after), text_of(after))
+    late = await client.call_tool("action_cancel", {"key": key})
+    check("action_cancel after it ran: too late, with the status", late.is_error and text_of(late).startswith("too late") and "succeeded" in text_of(late), text_of(late))
+    cancelled_keys.append(lkey)
     nokey = await client.call_tool("action_status", {"key": "v1:nope"})
     check("unknown key: not_found", nokey.is_error and "not_found" in text_of(nokey), text_of(nokey))
     try:
@@ -123,7 +136,7 @@ async def main() -> int:
     async with Client(params) as client:
         await scenario(client, "stdio")
     print(f"{passed} passed, {failed} failed")
-    print(json.dumps({"keys": queued_keys}))
+    print(json.dumps({"keys": queued_keys, "cancelled": cancelled_keys}))
     return 1 if failed else 0
 
 
