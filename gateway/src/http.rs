@@ -223,6 +223,10 @@ pub fn api(
     desk: Option<Arc<crate::desk::Desk>>,
 ) -> axum::Router {
     use axum::routing::get;
+    // The desk's approval decisions publish through the API's producer.
+    if let Some(d) = &desk {
+        d.attach(service.clone());
+    }
     // One parameter name per position (the router's rule): `{id}` is the action type for
     // POST and the key for GET; the document names them `{action_type}` and `{key}`.
     let api = axum::Router::new()

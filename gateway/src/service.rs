@@ -666,7 +666,7 @@ impl Service {
             )
             .await
             .map_err(|e| journal_error(&e))?;
-        decision(&producer, decided, &caller.token_id).await
+        decision(Some(&producer), decided, &caller.token_id).await
     }
 
     /// Readiness: Postgres answers and RabbitMQ is connected.
@@ -711,10 +711,10 @@ pub struct Decision {
 }
 
 /// A journal's answer to a decision → the answer, or the error that says why not; the
-/// outcome event and the metric for a decision that moved the operation. Shared by the
-/// API and the desk.
+/// outcome event (through `producer`, when there is one) and the metric for a decision
+/// that moved the operation. Shared by the API and the desk.
 pub async fn decision(
-    producer: &Producer,
+    producer: Option<&Producer>,
     decided: oncely_core::journal::Decided,
     who: &str,
 ) -> Result<Decision, ApiError> {
@@ -742,7 +742,9 @@ pub async fn decision(
         }
         Decided::Rejected(op) => {
             count(&op, "rejected");
-            producer.notify_decided(&op).await;
+            if let Some(p) = producer {
+                p.notify_decided(&op).await;
+            }
             Ok(Decision {
                 outcome: "rejected".into(),
                 more_approvals_needed: None,

@@ -19,7 +19,7 @@ use std::fmt;
 /// One privilege (on some columns, or a whole table or sequence) the role lacks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Missing {
-    /// `SELECT`, `INSERT`, `UPDATE`, `DELETE`, `USAGE`.
+    /// `SELECT`, `INSERT`, `UPDATE`, `DELETE`, `USAGE`, `EXECUTE`.
     pub privilege: String,
     /// `agent_operations`, or `sequence of operation_events.id`.
     pub object: String,
@@ -118,6 +118,7 @@ pub async fn check_grants<'c>(
                 (kind, table, c, privilege.as_sql())
             }
             Need::Serial { table, column } => ("serial", table, column.to_owned(), "USAGE"),
+            Need::Function { name, args } => ("function", name, args.to_owned(), "EXECUTE"),
         };
         kinds.push(kind);
         tables.push(table);
@@ -144,6 +145,10 @@ pub async fn check_grants<'c>(
          SELECT current_user::text, 'sequence of ' || tbl || '.' || cols, NULL, 'USAGE', \
                 coalesce(has_sequence_privilege(pg_get_serial_sequence(tbl, cols), 'USAGE'), true), i::int4 \
          FROM need WHERE kind = 'serial' AND to_regclass(tbl) IS NOT NULL \
+         UNION ALL \
+         SELECT current_user::text, 'function ' || tbl || '(' || cols || ')', NULL, 'EXECUTE', \
+                has_function_privilege(to_regprocedure(tbl || '(' || cols || ')')::oid, 'EXECUTE'), i::int4 \
+         FROM need WHERE kind = 'function' AND to_regprocedure(tbl || '(' || cols || ')') IS NOT NULL \
          ORDER BY 6",
     )
     .bind(&kinds)

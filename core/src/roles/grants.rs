@@ -69,6 +69,14 @@ pub enum Need {
         /// Its serial column.
         column: &'static str,
     },
+    /// `EXECUTE` on one of oncely's functions (where it exists): a `SECURITY DEFINER`
+    /// function that is a narrow door to something the role may not read itself.
+    Function {
+        /// The function's name (`oncely_…`).
+        name: &'static str,
+        /// Its argument types, as `to_regprocedure` reads them (`text`).
+        args: &'static str,
+    },
 }
 
 const fn table(privilege: Privilege, table: &'static str, columns: Columns) -> Need {
@@ -373,11 +381,21 @@ const ADMIN: &[Need] = &[
     table(Delete, REVIEWS, Table),
 ];
 
+/// The payload of a held operation, for the desk's approvers: a `SECURITY DEFINER`
+/// function (migration 20261215000002_held_payload_for_approvers.sql) that returns it only
+/// while the operation is `awaiting_approval`.
+pub const HELD_PAYLOAD: Need = Need::Function {
+    name: "oncely_held_payload",
+    args: "text",
+};
+
 /// The review desk (gateway/src/desk): list open reviews with their operations, show
 /// one operation's timeline and evidence, and apply a person's decision — the same
-/// statements as the CLI's `resolve_review`. It never reads a payload (the decision rests
-/// on the timeline, the evidence and the saved result), deletes nothing, inserts nothing:
-/// the move's event and `review_closed` come from the triggers.
+/// statements as the CLI's `resolve_review`. It never reads a payload column (the decision
+/// rests on the timeline, the evidence and the saved result), deletes nothing, inserts
+/// nothing: the move's event and `review_closed` come from the triggers. An approver
+/// deciding on a held action sees its payload through [`HELD_PAYLOAD`] only: never the
+/// payload of anything already decided, running or settled.
 const DESK: &[Need] = &[
     SCHEMA_VERSION,
     table(Select, OPERATIONS, AllBut(PAYLOAD_COLUMNS)),
@@ -385,6 +403,7 @@ const DESK: &[Need] = &[
     table(Select, EVENTS, Table),
     table(Select, REVIEWS, Table),
     table(Update, REVIEWS, Only(REVIEW_RESOLVE)),
+    HELD_PAYLOAD,
 ];
 
 /// Everything `process` needs.
@@ -411,7 +430,7 @@ pub fn named_columns() -> Vec<(&'static str, &'static str)> {
                     ..
                 } => out.extend(cols.iter().map(|c| (table, *c))),
                 Need::Serial { table, column } => out.push((table, column)),
-                Need::Table { .. } => {}
+                Need::Table { .. } | Need::Function { .. } => {}
             }
         }
     }
@@ -480,6 +499,17 @@ mod tests {
             );
         }
         assert_eq!(grants_on(Process::Admin, Delete, EVENTS), vec![Table]);
+    }
+
+    #[test]
+    fn only_the_desk_reads_held_payloads_and_only_through_the_function() {
+        for p in Process::ALL {
+            assert_eq!(
+                needs(p).contains(&HELD_PAYLOAD),
+                p == Process::Desk,
+                "{p:?}"
+            );
+        }
     }
 
     #[test]

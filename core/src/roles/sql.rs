@@ -138,6 +138,15 @@ impl Schema {
     fn table(&self, name: &str) -> String {
         format!("{}.{}", ident(&self.schema), ident(name))
     }
+
+    /// The qualified signature of oncely's function `name`, if the schema has it.
+    fn function(&self, name: &str) -> Option<&String> {
+        self.functions.iter().find(|f| {
+            f.split_once('(')
+                .and_then(|(qualified, _)| qualified.rsplit_once('.'))
+                .is_some_and(|(_, n)| n.trim_matches('"') == name)
+        })
+    }
 }
 
 /// `"name"`, quoted for SQL.
@@ -245,6 +254,21 @@ pub fn statements(schema: &Schema, prefix: &str) -> Vec<String> {
         format!("REVOKE ALL ON ALL TABLES IN SCHEMA {ns} FROM PUBLIC, {runtime_list}"),
         format!("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {ns} FROM PUBLIC, {runtime_list}"),
     ]);
+    // The functions a role may call (the narrow doors of `Need::Function`): nobody calls
+    // them but the roles granted below. Trigger functions need no EXECUTE to fire.
+    let doors: BTreeSet<&String> = super::Process::ALL
+        .iter()
+        .flat_map(|p| needs(*p))
+        .filter_map(|n| match n {
+            Need::Function { name, .. } => schema.function(name),
+            _ => None,
+        })
+        .collect();
+    for f in doors {
+        out.push(format!(
+            "REVOKE ALL ON FUNCTION {f} FROM PUBLIC, {runtime_list}"
+        ));
+    }
     for role in runtime {
         out.extend(grants(schema, role, &name(role)));
     }
@@ -271,6 +295,7 @@ fn create_role(role: &str) -> String {
 fn grants(schema: &Schema, role: Role, grantee: &str) -> Vec<String> {
     let mut cover: BTreeMap<(&str, Privilege), Cover> = BTreeMap::new();
     let mut sequences: BTreeSet<&str> = BTreeSet::new();
+    let mut functions: BTreeSet<&String> = BTreeSet::new();
     for need in role.processes().iter().flat_map(|p| needs(*p)) {
         match need {
             Need::Table {
@@ -308,6 +333,11 @@ fn grants(schema: &Schema, role: Role, grantee: &str) -> Vec<String> {
                     sequences.insert(s);
                 }
             }
+            Need::Function { name, .. } => {
+                if let Some(f) = schema.function(name) {
+                    functions.insert(f);
+                }
+            }
         }
     }
     let mut out = Vec::new();
@@ -333,6 +363,9 @@ fn grants(schema: &Schema, role: Role, grantee: &str) -> Vec<String> {
     }
     for s in sequences {
         out.push(format!("GRANT USAGE ON SEQUENCE {s} TO {grantee}"));
+    }
+    for f in functions {
+        out.push(format!("GRANT EXECUTE ON FUNCTION {f} TO {grantee}"));
     }
     out
 }
@@ -371,8 +404,33 @@ mod tests {
                 "public.operation_events_id_seq".to_owned(),
             )]
             .into(),
-            functions: vec!["\"public\".\"oncely_record_updates\"()".into()],
+            functions: vec![
+                "public.oncely_held_payload(key text)".into(),
+                "\"public\".\"oncely_record_updates\"()".into(),
+            ],
         }
+    }
+
+    #[test]
+    fn only_the_desk_may_call_the_held_payload_function() {
+        let s = statements(&schema(true), "x_");
+        let f = "public.oncely_held_payload(key text)";
+        assert!(s.contains(&format!(
+            "REVOKE ALL ON FUNCTION {f} FROM PUBLIC, \"x_worker\", \"x_reconciler\", \"x_producer\", \"x_admin\", \"x_desk\""
+        )));
+        let grants: Vec<&String> = s
+            .iter()
+            .filter(|s| s.starts_with("GRANT EXECUTE"))
+            .collect();
+        assert_eq!(
+            grants,
+            vec![&format!("GRANT EXECUTE ON FUNCTION {f} TO \"x_desk\"")]
+        );
+        assert!(
+            !s.iter()
+                .any(|s| s.contains("oncely_record_updates") && s.starts_with("GRANT")),
+            "trigger functions are not granted"
+        );
     }
 
     fn producer_select(s: &[String]) -> &String {

@@ -10,7 +10,19 @@
 //! sha256 = "9f86d08…"       # `oncely-gateway reviewer new` prints the entry
 //! role = "decide"           # or "view": may read, may not decide
 //! tenants = ["acme"]        # optional; absent = every tenant
+//! approve = true            # optional, default false: may approve and reject held actions
 //! ```
+//!
+//! `approve` is a right of its own, beside the role: who decides reviews (what happened)
+//! is not necessarily who may let an action go out (what will happen). A reviewer with
+//! it sees, on the "Held for approval" pages, the payload of each action held by an
+//! approval rule (`awaiting_approval`, docs/approvals.md) of their tenants, and may
+//! approve it or reject it (a rejection needs a note). The desk records the decision
+//! with the reviewer's id as the approver: an action that needs four eyes needs two
+//! different reviewers (the same one twice is refused), and whoever asked for an action
+//! (its `requested_by`: the gateway token's id or the SDK's actor) may never approve it
+//! — so do not give a reviewer the id of an agent's token. A reviewer without it, of
+//! either role, sees the held actions without their payload and without the buttons.
 //!
 //! Signing in trades the token for a session cookie, `<hex id>.<expiry>.<mac>`, where the
 //! MAC is HMAC-SHA256 under the gateway's session key over the id, the expiry and the
@@ -61,6 +73,8 @@ pub struct Reviewer {
     pub role: DeskRole,
     /// The tenants whose reviews this reviewer sees (`None`: all).
     pub tenants: Option<Vec<String>>,
+    /// May see held actions' payloads and approve or reject them (of their tenants).
+    pub approve: bool,
 }
 
 impl Reviewer {
@@ -87,6 +101,8 @@ struct Entry {
     role: DeskRole,
     #[serde(default)]
     tenants: Option<Vec<String>>,
+    #[serde(default)]
+    approve: bool,
 }
 
 /// The loaded reviewers.
@@ -147,6 +163,7 @@ impl Reviewers {
                     id: e.id,
                     role: e.role,
                     tenants: e.tenants,
+                    approve: e.approve,
                 },
             ));
         }
@@ -294,7 +311,7 @@ mod tests {
     fn reviewers() -> Reviewers {
         Reviewers::parse(&format!(
             "[[reviewer]]\nid = \"alice\"\nsha256 = \"{}\"\nrole = \"decide\"\n\n\
-             [[reviewer]]\nid = \"bob\"\nsha256 = \"{}\"\nrole = \"view\"\ntenants = [\"acme\"]\n",
+             [[reviewer]]\nid = \"bob\"\nsha256 = \"{}\"\nrole = \"view\"\ntenants = [\"acme\"]\napprove = true\n",
             hash_hex("tok-a"),
             hash_hex("tok-b")
         ))
@@ -381,5 +398,21 @@ mod tests {
         let bob = rs.authenticate("tok-b").expect("bob");
         assert!(bob.sees("acme") && !bob.sees("globex") && !bob.sees(""));
         assert!(rs.authenticate("tok-a").expect("alice").sees("globex"));
+    }
+
+    #[test]
+    fn the_approve_right_is_given_explicitly_and_apart_from_the_role() {
+        let rs = reviewers();
+        assert!(
+            !rs.authenticate("tok-a").expect("alice").approve,
+            "default: no"
+        );
+        let bob = rs.authenticate("tok-b").expect("bob");
+        assert!(bob.approve && bob.role == DeskRole::View);
+        let not_bool = format!(
+            "[[reviewer]]\nid = \"a\"\nsha256 = \"{}\"\nrole = \"view\"\napprove = \"yes\"\n",
+            hash_hex("x")
+        );
+        assert!(Reviewers::parse(&not_bool).is_err());
     }
 }

@@ -15,7 +15,13 @@
 //! gateway's `DATABASE_URL`) and checks at start that the role holds what
 //! [`oncely_core::roles::Process::Desk`] needs: read reviews and operations (never a
 //! payload) and resolve reviews — nothing the agents' API needs, and nothing more.
+//!
+//! It also lists the actions held for approval (`awaiting_approval`, [`approvals`]): every
+//! reviewer sees them for their tenants; a reviewer with the `approve` right sees what
+//! each would send (through the one function that returns a held action's payload, and
+//! only while it is held) and approves or rejects it.
 
+pub mod approvals;
 pub mod auth;
 
 use askama::Template;
@@ -48,6 +54,9 @@ pub struct Desk {
     secure_cookie: bool,
     /// Configured action types with their provider, sorted.
     actions: Vec<(String, String)>,
+    /// The gateway's service, once attached ([`Desk::attach`]): its producer publishes a
+    /// rejection's outcome event.
+    service: std::sync::OnceLock<Arc<crate::service::Service>>,
 }
 
 /// How the desk is set up (from `oncely-gateway serve`'s options).
@@ -76,8 +85,11 @@ impl Desk {
         )
         .await
         .map_err(|e| anyhow::anyhow!("review desk: {e}"))?;
+        // Held actions' payloads may be sealed: opened with these, shown to approvers.
+        let data_keys = oncely_core::sealing::DataKeys::from_env()
+            .map_err(|e| anyhow::anyhow!("review desk: {e}"))?;
         Ok(Arc::new(Self {
-            journal: Journal::on(pool),
+            journal: Journal::on(pool).with_data_keys(data_keys),
             reviewers: settings.reviewers,
             sessions: settings.sessions,
             secure_cookie: settings.secure_cookie,
@@ -86,7 +98,14 @@ impl Desk {
                 .iter()
                 .map(|(a, p)| (a.clone(), p.provider.clone()))
                 .collect(),
+            service: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Attach the gateway's service (once; later calls are ignored): the desk's approval
+    /// decisions then go through [`crate::service::decision`] like the API's.
+    pub fn attach(&self, service: Arc<crate::service::Service>) {
+        let _ = self.service.set(service);
     }
 
     fn provider_of(&self, action_type: &str) -> &str {
@@ -108,6 +127,9 @@ pub fn router(desk: Arc<Desk>) -> Router {
         .route("/desk/reviews", get(list))
         .route("/desk/operations/{key}", get(operation))
         .route("/desk/operations/{key}/decide", post(decide))
+        .route("/desk/approvals", get(approvals::list))
+        .route("/desk/approvals/{key}", get(approvals::detail))
+        .route("/desk/approvals/{key}/decide", post(approvals::decide))
         .layer(DefaultBodyLimit::max(32 * 1024))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(desk)
@@ -156,6 +178,8 @@ async fn css() -> Response {
 struct Who {
     id: String,
     role: &'static str,
+    /// Has the `approve` right.
+    approve: bool,
     csrf: String,
 }
 
@@ -399,6 +423,7 @@ fn who(desk: &Desk, value: &str, r: &Reviewer) -> Who {
     Who {
         id: r.id.clone(),
         role: r.role.as_str(),
+        approve: r.approve,
         csrf: desk.sessions.csrf(value),
     }
 }

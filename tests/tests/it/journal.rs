@@ -451,7 +451,7 @@ async fn the_database_enforces_statuses_states_and_an_append_only_trail() {
     assert!(bad_key.to_string().contains("key_format"), "{bad_key}");
     // Every status the Rust enum knows is accepted by the CHECK (the two lists agree).
     for s in Status::ALL {
-        let ok: bool = sqlx::query_scalar("SELECT $1 = ANY (ARRAY['planned','executing','succeeded','failed_retryable','failed_final','unknown','deferred'])")
+        let ok: bool = sqlx::query_scalar("SELECT $1 = ANY (ARRAY['planned','executing','succeeded','failed_retryable','failed_final','unknown','deferred','awaiting_approval','rejected','cancelled','expired'])")
             .bind(s.as_str())
             .fetch_one(&db.pool)
             .await

@@ -150,9 +150,16 @@ async fn each_role_can_run_its_statements_and_nothing_it_must_not() {
         &format!("INSERT INTO operation_events (idempotency_key, to_status, attempt, actor, reason) VALUES ('{}', 'succeeded', 1, 'forged', 'forged')", a.key),
     )
     .await;
+    // The gateway's cancels and approvals move rows (status and the control columns), but
+    // no producer login can forge what a provider said.
     refused(
         &producer,
-        "UPDATE agent_operations SET status = 'failed_final'",
+        "UPDATE agent_operations SET status = 'succeeded', provider_operation_id = 'forged', result_json = '{}'",
+    )
+    .await;
+    refused(
+        &producer,
+        "UPDATE agent_operations SET attempt_count = attempt_count + 1",
     )
     .await;
     refused(&producer, "SELECT * FROM operation_events").await;
