@@ -160,9 +160,12 @@ async fn a_filled_journal_has_the_documented_mix_and_passes_the_schema() {
         [
             "agent_operations_clocks_idx",
             "agent_operations_deferred_since_idx",
+            "agent_operations_expiry_idx",
+            "agent_operations_held_idx",
             "agent_operations_identity_idx",
             "agent_operations_pkey",
-            "agent_operations_planned_idx"
+            "agent_operations_planned_idx",
+            "agent_operations_subject_idx"
         ]
     );
     assert!(warmed.iter().all(|(_, mb, _)| *mb > 0.0), "{warmed:?}");
@@ -202,8 +205,11 @@ async fn churned_operations_leave_dead_entries_that_only_a_full_pass_walks() {
         ("live gauges", "live gauges, since the last pass"),
     ] {
         let (full, bounded) = (by_name(full), by_name(bounded));
+        // A third at most (measured: live gauges 399 vs 94 buffers before the control
+        // columns of 20261215000000, 353 vs 96 after; expired leases 194 vs 29, republish
+        // 113 vs 15).
         assert!(
-            bounded.buffers * 4 < full.buffers,
+            bounded.buffers * 3 < full.buffers,
             "a bounded pass reads a fraction of a full one's entries: {full:?} vs {bounded:?}"
         );
         assert_eq!(

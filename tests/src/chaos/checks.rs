@@ -1,5 +1,12 @@
 //! The verdict: a pure function from the [`Facts`] to typed [`Finding`]s, and the "four
-//! zeros" (duplicates, lost, unexpected, mismatches) counted from them.
+//! zeros" (duplicates, lost, unexpected, mismatches) counted from them, with a fifth:
+//! cancelled or expired actions with an effect.
+//!
+//! `rejected`, `cancelled` and `expired` are legitimate ends for an intent — never sent,
+//! no effect — but only when someone asked: `cancelled` needs the canceller's
+//! `Cancelled` answer, `expired` an `expires_at`, `rejected` the approval rule's hold.
+//! One without a reason is a lost intent; one with an effect, or a cancel whose answer
+//! the row contradicts, counts in the fifth zero.
 //!
 //! Pure so it can be tested without a fleet: the unit tests below forge the same bad
 //! cases as `--self-test` does in a live run (and one of each other kind), and a clean
@@ -8,6 +15,7 @@
 //! payloads recorded or sent, a producer that misbehaved, a heal that never settled) fail
 //! it too.
 
+use super::control::CancelAnswer;
 use super::facts::{Facts, Lookup, NotSettled};
 use oncely_core::Status;
 use oncely_sandbox::Provider;
@@ -48,6 +56,13 @@ pub(super) enum Finding {
         /// The intent's.
         intent: String,
     },
+    /// A recorded intent stopped (`rejected`, `cancelled`, `expired`) with nobody asking.
+    StoppedUnasked {
+        /// The key.
+        key: String,
+        /// Where it stopped.
+        status: Status,
+    },
     /// A journal row for a key no intent has.
     UnexpectedRow {
         /// The key.
@@ -84,6 +99,42 @@ pub(super) enum Finding {
         journal_id: String,
         /// The provider's answer, or why there was none.
         answer: Result<(u16, Value), String>,
+    },
+    /// A `rejected`, `cancelled` or `expired` operation — never to be sent — with an
+    /// effect at the provider.
+    StoppedWithEffect {
+        /// The key.
+        key: String,
+        /// Its status.
+        status: Status,
+        /// How many effects.
+        effects: u64,
+    },
+    /// A cancel's answer the journal or the provider contradicts: `Cancelled` for a row
+    /// that is not `cancelled` at the end (or has an effect), `TooLate` for one that is.
+    CancelContradicted {
+        /// The key.
+        key: String,
+        /// What the cancel answered.
+        answer: CancelAnswer,
+        /// The row's status at the end (`None`: no row).
+        status: Option<Status>,
+        /// Effects at the provider.
+        effects: u64,
+    },
+    /// An operation the approval rule holds was claimed without an approval.
+    RanUnapproved {
+        /// The key.
+        key: String,
+        /// Its status.
+        status: Status,
+        /// Its attempts.
+        attempts: i32,
+    },
+    /// The approver had an answer it never should.
+    Control {
+        /// What.
+        what: String,
     },
     /// A payment order left `unknown` by something else than a lookup, a late answer or
     /// a person (a blind retry could pay twice).
@@ -132,6 +183,12 @@ pub(super) enum Check {
     Unexpected,
     /// The journal and the provider disagree.
     Mismatch,
+    /// A never-sent action with an effect, or a cancel's answer contradicted.
+    Stopped,
+    /// A held action run without an approval.
+    Unapproved,
+    /// The approver had an answer it never should.
+    Control,
     /// A payment order retried blindly.
     PaymentBlindRetry,
     /// Another payload sent under a key.
@@ -153,6 +210,9 @@ impl Check {
             Check::ConflictRecorded => "conflict_recorded",
             Check::Unexpected => "unexpected",
             Check::Mismatch => "mismatch",
+            Check::Stopped => "stopped_with_effect",
+            Check::Unapproved => "unapproved",
+            Check::Control => "control",
             Check::PaymentBlindRetry => "payment_blind_retry",
             Check::ConflictAtProvider => "conflict_at_provider",
             Check::Producer => "producer",
@@ -173,12 +233,19 @@ impl Finding {
     pub fn check(&self) -> Check {
         match self {
             Finding::Duplicate { .. } => Check::Duplicate,
-            Finding::LostNoRow { .. } | Finding::LostUnsettled { .. } => Check::Lost,
+            Finding::LostNoRow { .. }
+            | Finding::LostUnsettled { .. }
+            | Finding::StoppedUnasked { .. } => Check::Lost,
             Finding::ConflictRecorded { .. } => Check::ConflictRecorded,
             Finding::UnexpectedRow { .. } | Finding::UnexpectedEffect { .. } => Check::Unexpected,
             Finding::SucceededWithoutEffect { .. }
             | Finding::FailedFinalWithEffect { .. }
             | Finding::ProviderRecord { .. } => Check::Mismatch,
+            Finding::StoppedWithEffect { .. } | Finding::CancelContradicted { .. } => {
+                Check::Stopped
+            }
+            Finding::RanUnapproved { .. } => Check::Unapproved,
+            Finding::Control { .. } => Check::Control,
             Finding::PaymentBlindRetry { .. } => Check::PaymentBlindRetry,
             Finding::ConflictAtProvider { .. } => Check::ConflictAtProvider,
             Finding::Producer { .. } => Check::Producer,
@@ -193,6 +260,10 @@ impl Finding {
             Finding::Duplicate { key, .. }
             | Finding::LostNoRow { key }
             | Finding::LostUnsettled { key, .. }
+            | Finding::StoppedUnasked { key, .. }
+            | Finding::StoppedWithEffect { key, .. }
+            | Finding::CancelContradicted { key, .. }
+            | Finding::RanUnapproved { key, .. }
             | Finding::ConflictRecorded { key, .. }
             | Finding::UnexpectedRow { key }
             | Finding::UnexpectedEffect { key, .. }
@@ -201,6 +272,7 @@ impl Finding {
             | Finding::ProviderRecord { key, .. }
             | Finding::PaymentBlindRetry { key, .. } => Some(key),
             Finding::ConflictAtProvider { .. }
+            | Finding::Control { .. }
             | Finding::Producer { .. }
             | Finding::NotEnqueued { .. }
             | Finding::NotHealed { .. } => None,
@@ -217,6 +289,30 @@ impl fmt::Display for Finding {
             } => write!(f, "{effects} effects at {}", provider.name()),
             Finding::LostNoRow { .. } => f.write_str("no journal row"),
             Finding::LostUnsettled { status, .. } => write!(f, "status {status}, no open review"),
+            Finding::StoppedUnasked { status, .. } => write!(
+                f,
+                "{status} without a reason (no cancel answered cancelled, no expires_at, not held)"
+            ),
+            Finding::StoppedWithEffect {
+                status, effects, ..
+            } => write!(f, "{status} (never to be sent) with {effects} effect(s)"),
+            Finding::CancelContradicted {
+                answer,
+                status,
+                effects,
+                ..
+            } => write!(
+                f,
+                "cancel answered {answer:?}; the row ends {}, with {effects} effect(s)",
+                status.map_or("missing", Status::as_str)
+            ),
+            Finding::RanUnapproved {
+                status, attempts, ..
+            } => write!(
+                f,
+                "held by the approval rule, yet {status} after {attempts} attempt(s) without an approval"
+            ),
+            Finding::Control { what } => f.write_str(what),
             Finding::ConflictRecorded {
                 journal, intent, ..
             } => write!(
@@ -267,7 +363,7 @@ impl fmt::Display for Finding {
     }
 }
 
-/// The four zeros a run must end with.
+/// The zeros a run must end with: the four, and the fifth (never-sent actions).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Zeros {
     /// Effects performed more than once.
@@ -278,6 +374,8 @@ pub(super) struct Zeros {
     pub unexpected: usize,
     /// Journal and provider disagreeing.
     pub mismatches: usize,
+    /// Cancelled, expired or rejected actions with an effect; cancel answers contradicted.
+    pub stopped_with_effect: usize,
 }
 
 impl Zeros {
@@ -290,6 +388,7 @@ impl Zeros {
                 Check::Lost => z.lost += 1,
                 Check::Unexpected => z.unexpected += 1,
                 Check::Mismatch => z.mismatches += 1,
+                Check::Stopped => z.stopped_with_effect += 1,
                 _ => {}
             }
         }
@@ -302,7 +401,7 @@ impl Zeros {
 pub(super) struct Verdict {
     /// Everything found wrong, check by check.
     pub findings: Vec<Finding>,
-    /// The four zeros (if the run passed).
+    /// The zeros (if the run passed).
     pub zeros: Zeros,
     /// Intents the producer got recorded: the ones the fleet answers for.
     pub distinct: usize,
@@ -328,6 +427,8 @@ pub(super) fn check(facts: &Facts) -> Verdict {
     findings.extend(intents(facts));
     findings.extend(unexpected(facts));
     findings.extend(mismatches(facts));
+    findings.extend(stopped(facts));
+    findings.extend(unapproved(facts));
     findings.extend(facts.lookups.iter().filter_map(provider_record));
     findings.extend(blind_retries(facts));
     findings.extend(run_wide(facts));
@@ -374,8 +475,80 @@ fn intents(facts: &Facts) -> Vec<Finding> {
                 status: op.status,
             });
         }
+        if op.status.is_stopped() && !stop_asked(facts, i, op.status) {
+            out.push(Finding::StoppedUnasked {
+                key: i.key.clone(),
+                status: op.status,
+            });
+        }
     }
     out
+}
+
+/// Whether someone asked for intent `i` to end `status` (one of the never-sent three):
+/// the canceller got `Cancelled` (or no answer at all: its call may have done it), the
+/// intent asked for an `expires_at`, the approval rule held it (the approver rejects).
+fn stop_asked(facts: &Facts, i: &super::facts::IntentFact, status: Status) -> bool {
+    match status {
+        Status::Cancelled => matches!(
+            facts.cancels.get(&i.key),
+            Some(CancelAnswer::Cancelled | CancelAnswer::Unanswered)
+        ),
+        Status::Expired => i.expires,
+        Status::Rejected => i.held,
+        _ => true,
+    }
+}
+
+/// The fifth zero: a never-sent operation (`rejected`, `cancelled`, `expired`) has no
+/// effect; a cancel answered `Cancelled` ends `cancelled` with no effect, one answered
+/// `TooLate` never ends `cancelled`.
+fn stopped(facts: &Facts) -> Vec<Finding> {
+    let mut out: Vec<Finding> = facts
+        .operations
+        .iter()
+        .filter(|(k, o)| o.status.is_stopped() && facts.effects.count(k) > 0)
+        .map(|(k, o)| Finding::StoppedWithEffect {
+            key: k.clone(),
+            status: o.status,
+            effects: facts.effects.count(k),
+        })
+        .collect();
+    for (key, answer) in &facts.cancels {
+        let status = facts.operations.get(key).map(|o| o.status);
+        let contradicted = match answer {
+            // Its effects, if any, are a `StoppedWithEffect` above when the row says so.
+            CancelAnswer::Cancelled => status != Some(Status::Cancelled),
+            CancelAnswer::TooLate(_) => status == Some(Status::Cancelled),
+            CancelAnswer::NotFound | CancelAnswer::Unanswered => false,
+        };
+        if contradicted {
+            out.push(Finding::CancelContradicted {
+                key: key.clone(),
+                answer: *answer,
+                status,
+                effects: facts.effects.count(key),
+            });
+        }
+    }
+    out
+}
+
+/// An operation the approval rule holds is claimed only once approved.
+fn unapproved(facts: &Facts) -> Vec<Finding> {
+    facts
+        .intents
+        .iter()
+        .filter(|i| i.held && !facts.approved.contains(&i.key))
+        .filter_map(|i| {
+            let op = facts.operations.get(&i.key)?;
+            (op.attempts > 0).then(|| Finding::RanUnapproved {
+                key: i.key.clone(),
+                status: op.status,
+                attempts: op.attempts,
+            })
+        })
+        .collect()
 }
 
 /// Rows no intent has, effects no row has.
@@ -467,6 +640,12 @@ fn run_wide(facts: &Facts) -> Vec<Finding> {
     }
     let producer = facts.producer_anomalies.iter().chain(&facts.producer_fatal);
     out.extend(producer.map(|what| Finding::Producer { what: what.clone() }));
+    out.extend(
+        facts
+            .control_anomalies
+            .iter()
+            .map(|what| Finding::Control { what: what.clone() }),
+    );
     let not_recorded = facts.intents.iter().filter(|i| !i.recorded).count();
     if not_recorded > 0 {
         out.push(Finding::NotEnqueued {
@@ -529,6 +708,8 @@ mod tests {
                 key: key(n),
                 payload_hash: format!("hash-{id}"),
                 recorded: true,
+                expires: false,
+                held: false,
             });
             let status = if n == 3 {
                 Status::Unknown
@@ -604,6 +785,7 @@ mod tests {
             lost: 1,
             unexpected: 1,
             mismatches: 2,
+            stopped_with_effect: 0,
         };
         assert_eq!(v.zeros, zeros);
         assert!(!v.passed());
@@ -639,7 +821,8 @@ mod tests {
                 duplicates: 0,
                 lost: 2,
                 unexpected: 1,
-                mismatches: 0
+                mismatches: 0,
+                stopped_with_effect: 0,
             }
         );
     }
@@ -680,6 +863,178 @@ mod tests {
             ]
         );
         assert_eq!(v.zeros.mismatches, 2);
+    }
+
+    /// Adds four intents to `clean()`: key 4 cancelled (answered `Cancelled`), key 5
+    /// expired (it asked for an `expires_at`), key 6 rejected (held by the rule), key 7
+    /// held, approved and succeeded; a cancel of key 0 answered `TooLate(succeeded)`.
+    fn with_control() -> Facts {
+        let mut f = clean();
+        for (n, status) in [
+            (4, Status::Cancelled),
+            (5, Status::Expired),
+            (6, Status::Rejected),
+            (7, Status::Succeeded),
+        ] {
+            let id = format!("em_{n}");
+            f.intents.push(IntentFact {
+                key: key(n),
+                payload_hash: format!("hash-{id}"),
+                recorded: true,
+                expires: n == 5,
+                held: n == 6 || n == 7,
+            });
+            let mut o = op(status, &id);
+            if status.is_stopped() {
+                o.attempts = 0;
+            }
+            f.operations.insert(key(n), o);
+        }
+        f.lookups.push(Lookup {
+            key: key(7),
+            journal_id: "em_7".into(),
+            answer: found("em_7"),
+        });
+        f.approved.insert(key(7));
+        f.effects = effects(&[(key(0), 1), (key(1), 1), (key(2), 1), (key(7), 1)]);
+        f.cancels.insert(key(4), CancelAnswer::Cancelled);
+        f.cancels
+            .insert(key(0), CancelAnswer::TooLate(Status::Succeeded));
+        f
+    }
+
+    #[test]
+    fn cancelled_expired_and_rejected_are_legitimate_ends_without_effects() {
+        let v = check(&with_control());
+        assert_eq!(v.findings, Vec::<Finding>::new());
+        assert_eq!(v.zeros, Zeros::default());
+        assert!(v.passed());
+    }
+
+    #[test]
+    fn never_sent_actions_with_an_effect_and_contradicted_cancels_are_found() {
+        let mut f = with_control();
+        // A cancelled, an expired and a rejected operation with an effect each.
+        f.effects = effects(&[
+            (key(0), 1),
+            (key(1), 1),
+            (key(2), 1),
+            (key(7), 1),
+            (key(4), 1),
+            (key(5), 1),
+            (key(6), 1),
+        ]);
+        // `Cancelled` for a row that ran; `TooLate` for a row that ends cancelled.
+        f.cancels.insert(key(1), CancelAnswer::Cancelled);
+        f.cancels
+            .insert(key(4), CancelAnswer::TooLate(Status::Executing));
+        let v = check(&f);
+        let stopped: Vec<&Finding> = v
+            .findings
+            .iter()
+            .filter(|x| x.check() == Check::Stopped)
+            .collect();
+        assert_eq!(
+            stopped,
+            vec![
+                &Finding::StoppedWithEffect {
+                    key: key(4),
+                    status: Status::Cancelled,
+                    effects: 1
+                },
+                &Finding::StoppedWithEffect {
+                    key: key(5),
+                    status: Status::Expired,
+                    effects: 1
+                },
+                &Finding::StoppedWithEffect {
+                    key: key(6),
+                    status: Status::Rejected,
+                    effects: 1
+                },
+                &Finding::CancelContradicted {
+                    key: key(1),
+                    answer: CancelAnswer::Cancelled,
+                    status: Some(Status::Succeeded),
+                    effects: 1
+                },
+                &Finding::CancelContradicted {
+                    key: key(4),
+                    answer: CancelAnswer::TooLate(Status::Executing),
+                    status: Some(Status::Cancelled),
+                    effects: 1
+                },
+            ]
+        );
+        // Key 4 ends cancelled with no `Cancelled` answer: lost as well.
+        assert_eq!(
+            v.zeros,
+            Zeros {
+                lost: 1,
+                stopped_with_effect: 5,
+                ..Zeros::default()
+            }
+        );
+        assert!(!v.passed());
+        assert_eq!(
+            stopped[4].to_string(),
+            "cancel answered TooLate(Executing); the row ends cancelled, with 1 effect(s)"
+        );
+    }
+
+    #[test]
+    fn stops_nobody_asked_for_are_lost_and_held_actions_run_only_once_approved() {
+        let mut f = with_control();
+        // Nobody cancelled 4 (no answer), 5 asked no expiry, 6 was not held.
+        f.cancels.remove(&key(4));
+        f.intents[5].expires = false;
+        f.intents[6].held = false;
+        // 7 held, claimed, never approved; a held operation still waiting is unsettled.
+        f.approved.clear();
+        f.intents[0].held = true;
+        f.approved.insert(key(0));
+        let mut waiting = op(Status::AwaitingApproval, "em_8");
+        waiting.attempts = 0;
+        f.operations.insert(key(8), waiting);
+        f.intents.push(IntentFact {
+            key: key(8),
+            payload_hash: "hash-em_8".into(),
+            recorded: true,
+            expires: false,
+            held: true,
+        });
+        let v = check(&f);
+        assert_eq!(
+            v.findings,
+            vec![
+                Finding::StoppedUnasked {
+                    key: key(4),
+                    status: Status::Cancelled
+                },
+                Finding::StoppedUnasked {
+                    key: key(5),
+                    status: Status::Expired
+                },
+                Finding::StoppedUnasked {
+                    key: key(6),
+                    status: Status::Rejected
+                },
+                Finding::LostUnsettled {
+                    key: key(8),
+                    status: Status::AwaitingApproval
+                },
+                Finding::RanUnapproved {
+                    key: key(7),
+                    status: Status::Succeeded,
+                    attempts: 1
+                },
+            ]
+        );
+        assert_eq!(v.zeros.lost, 4);
+        assert_eq!(v.count(Check::Unapproved), 1);
+        // An unanswered cancel (every call failed) may have cancelled it.
+        f.cancels.insert(key(4), CancelAnswer::Unanswered);
+        assert_eq!(check(&f).zeros.lost, 3);
     }
 
     #[test]

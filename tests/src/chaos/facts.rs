@@ -6,9 +6,10 @@
 //! The tests crate reads the journal's tables directly, not through the journal module:
 //! the checks must not trust the code they check.
 
+use super::control::{ApproverTally, CancelAnswer, CancelTally};
 use super::http::http_get;
 use super::schedule::Healed;
-use super::workload::{ProducerReport, Workload};
+use super::workload::{self, ProducerReport, Workload};
 use crate::fleet::Fleet;
 use futures_util::StreamExt;
 use oncely_core::Status;
@@ -31,6 +32,10 @@ pub(super) struct IntentFact {
     pub payload_hash: String,
     /// The producer got an answer saying the journal holds it.
     pub recorded: bool,
+    /// It asked for an `expires_at`.
+    pub expires: bool,
+    /// The approval rule holds it (it runs only once approved).
+    pub held: bool,
 }
 
 /// One journal row.
@@ -104,29 +109,53 @@ pub(super) struct Facts {
     pub producer_fatal: Option<String>,
     /// Healing did not settle.
     pub not_settled: Option<NotSettled>,
+    /// The canceller's answers, by key.
+    pub cancels: BTreeMap<String, CancelAnswer>,
+    /// Keys an approval moved on (an `approved` event).
+    pub approved: BTreeSet<String>,
+    /// Answers the approver should never have had.
+    pub control_anomalies: Vec<String>,
 }
 
 impl Facts {
     /// Read the facts once the fleet has stopped. `stats`: the sandbox's counters.
     pub async fn gather(
         fleet: &Fleet,
-        workload: &Workload,
-        produced: &ProducerReport,
+        run: Ran<'_>,
         healed: &Healed,
         heal_limit: Duration,
         stats: &Value,
     ) -> anyhow::Result<Facts> {
+        let Ran {
+            workload,
+            produced,
+            approver,
+            cancels,
+        } = run;
         let pool = &fleet.db.pool;
         let intents = workload
             .sealed
             .iter()
             .zip(&produced.recorded)
-            .map(|(s, recorded)| IntentFact {
+            .enumerate()
+            .map(|(i, (s, recorded))| IntentFact {
                 key: s.key.clone(),
                 payload_hash: s.payload_hash.clone(),
                 recorded: *recorded,
+                expires: workload.expiry[i].is_some(),
+                held: workload::held_by_rule(i),
             })
             .collect();
+        let approved = read("approved", || {
+            sqlx::query_scalar::<_, String>(
+                "SELECT DISTINCT idempotency_key FROM operation_events WHERE reason = 'approved' \
+                 AND from_status = 'awaiting_approval'",
+            )
+            .fetch_all(pool)
+        })
+        .await?
+        .into_iter()
+        .collect();
         let operations = operations(pool).await?;
         let review_succeeded = read("review_succeeded", || {
             sqlx::query_scalar::<_, String>(
@@ -153,8 +182,24 @@ impl Facts {
                 state: healed.last_state.clone(),
             }),
             operations,
+            cancels: cancels.answers.clone(),
+            approved,
+            control_anomalies: approver.anomalies.clone(),
         })
     }
+}
+
+/// What the run's tasks did, for [`Facts::gather`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ran<'a> {
+    /// The workload.
+    pub workload: &'a Workload,
+    /// What the producer did.
+    pub produced: &'a ProducerReport,
+    /// What the approver did.
+    pub approver: &'a ApproverTally,
+    /// What the canceller did.
+    pub cancels: &'a CancelTally,
 }
 
 /// Run a read, retrying through terminated connections.
@@ -289,12 +334,14 @@ pub(super) async fn status_counts(pool: &PgPool) -> anyhow::Result<BTreeMap<Stri
     Ok(rows.into_iter().collect())
 }
 
-/// (live: planned/executing/failed_retryable/deferred, unknown not yet with a person: without an
-/// open review, or with one still re-checked by lookups — automation may still settle it).
+/// (live: planned/awaiting_approval/executing/failed_retryable/deferred — a held operation
+/// waits for the approver, who decides every one once the faults are over —, unknown not
+/// yet with a person: without an open review, or with one still re-checked by lookups —
+/// automation may still settle it).
 pub(super) async fn unsettled(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
     read("unsettled", || {
         sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE status IN ('planned', 'executing', 'failed_retryable', 'deferred')), \
+            "SELECT count(*) FILTER (WHERE status IN ('planned', 'awaiting_approval', 'executing', 'failed_retryable', 'deferred')), \
                     count(*) FILTER (WHERE status = 'unknown' AND NOT EXISTS (SELECT 1 FROM operation_reviews r \
                         WHERE r.idempotency_key = o.idempotency_key AND r.resolved_at IS NULL AND r.recheck_at IS NULL)) \
              FROM agent_operations o",

@@ -2,8 +2,10 @@
 //! — the producer SDK, ≥ 3 `oncely-worker run`, ≥ 2 `oncely-worker reconcile`, the
 //! sandbox — under a seeded fault schedule (SIGKILL, fail points, SIGSTOP past the lease,
 //! broker connection closes, Postgres backend terminations, provider faults, lookup
-//! outages, repeated and conflicting intents); then healed and checked against the
-//! sandbox's ground truth and the journal's event trail.
+//! outages, repeated and conflicting intents) — while an approval rule holds a tenth of
+//! the payment orders for an approver, a canceller cancels intents at random moments and
+//! some intents expire; then healed and checked against the sandbox's ground truth and
+//! the journal's event trail.
 //!
 //! Everything random is drawn from [`Rng`] streams derived from one seed, so a run's
 //! workload and fault schedule are repeatable (the processes' timing is not).
@@ -15,6 +17,7 @@
 //!
 //! - `workload`: the intents, the batches they are submitted in, and the producer task;
 //! - `crew`: the worker and reconciler processes (spawn, kill, stop, exit accounting);
+//! - `control`: the approval rule, the approver and the canceller (docs/approvals.md);
 //! - `faults`: broker, Postgres and provider faults;
 //! - `outages`: whole servers lost (`--cluster`: RabbitMQ nodes; `--failover`: the
 //!   Postgres primary);
@@ -26,6 +29,7 @@
 //! - `logs`, `http`, `rng`: the processes' logs, a bare HTTP client, the seeded draws.
 
 mod checks;
+mod control;
 mod crew;
 mod facts;
 mod faults;
@@ -84,7 +88,8 @@ const ACTIONS: [(&str, &str); 3] = [
 /// Usage text.
 pub const USAGE: &str = "\
 oncely-chaos: real processes under a seeded fault schedule, healed, then checked against
-the sandbox's ground truth (duplicates, lost, unexpected, mismatches must all be 0).
+the sandbox's ground truth (duplicates, lost, unexpected, mismatches, and cancelled or
+expired actions with an effect must all be 0).
 
 USAGE: oncely-chaos [--seed N] [--intents N] [--min-kills N] [--duration-secs N]
                     [--heal-secs N] [--workers N] [--reconcilers N] [--nightly]
@@ -406,6 +411,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         seal_payloads: true,
         amqp_urls: cluster.as_ref().map(|c| c.urls()).unwrap_or_default(),
         database_server: postgres.as_ref().map(|p| p.0.url("127.0.0.1", "")),
+        configure: Some(control::configure),
         ..FleetOptions::default()
     };
     if let (Some(secure), Some(broker)) = (&secure, &private) {
@@ -550,22 +556,40 @@ async fn drive(
     wall: Instant,
 ) -> anyhow::Result<Outcome> {
     let node = on.node;
-    let workload = Workload::new(opts.seed, opts.intents)?;
+    let workload = Arc::new(Workload::new(opts.seed, opts.intents)?);
     let timeline = Timeline::default();
     let mut crew = Crew::new(fleet, bins, opts.seed, timeline.clone());
     crew.maintain(opts.workers, opts.reconcilers, true)?;
     let progress = Arc::new(AtomicU64::new(0));
+    let span = opts.duration.mul_f64(0.85);
     let producer = tokio::spawn(workload::produce(
         fleet.producer_config(),
         fleet.data_keys(),
         opts.seed,
-        opts.intents,
-        workload.batches.clone(),
-        opts.duration.mul_f64(0.85),
+        workload.clone(),
+        span,
         progress.clone(),
     ));
     // If the run ends early (an error), the producer must not outlive it.
     let _stop_producer = AbortOnDrop(producer.abort_handle());
+    // The approver and the canceller, on the fleet's own journal pool.
+    let phase = control::Phase::default();
+    let approver = tokio::spawn(control::approver(
+        fleet.db.journal(),
+        opts.seed,
+        phase.clone(),
+        timeline.clone(),
+    ));
+    let _stop_approver = AbortOnDrop(approver.abort_handle());
+    let pace = span.div_f64(workload.batches.len().max(1) as f64);
+    let canceller = tokio::spawn(control::canceller(
+        fleet.db.journal(),
+        workload.clone(),
+        control::cancel_plan(opts.seed, opts.intents, pace),
+        phase.clone(),
+        timeline.clone(),
+    ));
+    let _stop_canceller = AbortOnDrop(canceller.abort_handle());
     let mut faults =
         Faults::new(fleet, node, opts, timeline.clone()).on_servers(on.nodes, on.pg_servers);
     let outages = outages::Outages::start(on.outages, opts.duration, timeline.clone());
@@ -573,14 +597,26 @@ async fn drive(
         schedule::fault_phase(opts, fleet, &mut crew, &mut faults, &producer, &progress).await?;
     let outage_tally = outages.finish().await?;
     let produced = producer.await?;
+    // Every intent is submitted: the approver decides every held operation now, the
+    // canceller sends the rest of its cancels; healing waits for the held ones too.
+    phase.drain();
     let healed = schedule::heal(opts, fleet, &mut crew, &mut faults, node).await?;
+    phase.stop();
+    let approved = approver.await?;
+    let cancels = canceller.await?;
     crew.stop_all(Duration::from_secs(20)).await;
     if opts.self_test {
         self_test::forge(fleet).await?;
     }
     // The sandbox's counters before the checks' own lookups, which it counts too.
     let stats = fleet.sandbox.control().stats().await.unwrap_or(Value::Null);
-    let facts = Facts::gather(fleet, &workload, &produced, &healed, opts.heal, &stats).await?;
+    let ran = facts::Ran {
+        workload: &workload,
+        produced: &produced,
+        approver: &approved,
+        cancels: &cancels,
+    };
+    let facts = Facts::gather(fleet, ran, &healed, opts.heal, &stats).await?;
     let verdict = checks::check(&facts);
     let figures = Figures::gather(fleet, node, stats).await?;
     let logs = logs::read_all(&fleet.dir);
@@ -598,6 +634,8 @@ async fn drive(
         crew: &crew.tally,
         faults: &faults.tally,
         outages: &outage_tally,
+        approver: &approved,
+        cancels: &cancels,
         facts: &facts,
         figures: &figures,
         verdict: &verdict,

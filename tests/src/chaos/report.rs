@@ -1,10 +1,11 @@
 //! The report: the figures of a run (what the faults did, what the fleet did about them,
-//! the four zeros) printed as fixed-width lines that CI logs and `docs/chaos.md` quote,
+//! what the approver and the canceller did, the four zeros and the fifth) printed as fixed-width lines that CI logs and `docs/chaos.md` quote,
 //! then the findings, each with its key's event trail, the timeline of its processes and
 //! their log lines. A failed run (or `--keep-logs`) keeps the logs, the timeline, the
 //! report and a dump of the journal for reading.
 
 use super::checks::{Check, Verdict};
+use super::control::{ApproverTally, CancelAnswer, CancelTally, Decision};
 use super::crew::CrewTally;
 use super::facts::{self, Facts, Figures, Groups};
 use super::faults::FaultTally;
@@ -57,6 +58,10 @@ pub(super) struct Run<'a> {
     pub faults: &'a FaultTally,
     /// What the server outages did (`--cluster`, `--failover`).
     pub outages: &'a OutageTally,
+    /// What the approver did.
+    pub approver: &'a ApproverTally,
+    /// What the canceller did.
+    pub cancels: &'a CancelTally,
     /// The checked facts.
     pub facts: &'a Facts,
     /// The other figures.
@@ -122,6 +127,7 @@ fn render(run: &Run<'_>) -> String {
     kills(&mut r, run);
     connections(&mut r, run);
     unknowns(&mut r, run);
+    control(&mut r, run);
     checks(&mut r, run);
     let exits = &run.crew.unexpected;
     if !exits.is_empty() {
@@ -440,6 +446,68 @@ fn payment_orders(r: &mut String, run: &Run<'_>) {
     );
 }
 
+/// Held, approved, rejected; cancels and their answers; expiries.
+fn control(r: &mut String, run: &Run<'_>) {
+    let (a, c, facts) = (run.approver, run.cancels, run.facts);
+    let status = |k: &str| facts.operations.get(k).map(|o| o.status);
+    let recorded = || facts.intents.iter().filter(|i| i.recorded);
+    let held = recorded().filter(|i| i.held).count();
+    let mut not_held: BTreeMap<&str, u64> = BTreeMap::new();
+    for d in a.decided.values() {
+        if let Decision::NotHeld(s) = d {
+            *not_held.entry(s.as_str()).or_default() += 1;
+        }
+    }
+    let _ = writeln!(r, "control");
+    let _ = writeln!(
+        r,
+        "  held               {held} (rule {:?}): approved {}, rejected {}, no longer held when decided {} {:?}; approver rounds {}, failed calls {}, lost replies {}",
+        super::control::RULE,
+        a.count(Decision::Approved),
+        a.count(Decision::Rejected),
+        a.not_held(),
+        not_held,
+        a.rounds,
+        a.errors,
+        a.lost_replies
+    );
+    let _ = writeln!(
+        r,
+        "  cancels            {} of {} planned: cancelled {}, too late {} {:?}, not found {}, unanswered {}; sent again before recorded {}, failed calls {}, lost replies {}",
+        c.answers.len(),
+        c.planned,
+        c.count(CancelAnswer::Cancelled),
+        c.count(CancelAnswer::TooLate(Status::Planned)),
+        c.too_late(),
+        c.count(CancelAnswer::NotFound),
+        c.count(CancelAnswer::Unanswered),
+        c.not_yet_recorded,
+        c.errors,
+        c.lost_replies
+    );
+    let mut expiring: BTreeMap<&str, u64> = BTreeMap::new();
+    for i in recorded().filter(|i| i.expires) {
+        let s = status(&i.key).map_or("no row", Status::as_str);
+        *expiring.entry(s).or_default() += 1;
+    }
+    let _ = writeln!(
+        r,
+        "  expiring           {} asked for expires_at (submitted {}), ended {:?}",
+        recorded().filter(|i| i.expires).count(),
+        run.produced.expiring,
+        expiring
+    );
+    let ended = |s: Status| facts.operations.values().filter(|o| o.status == s).count();
+    let _ = writeln!(
+        r,
+        "  never sent         rejected {}, cancelled {}, expired {}; held run without an approval {}",
+        ended(Status::Rejected),
+        ended(Status::Cancelled),
+        ended(Status::Expired),
+        run.verdict.count(Check::Unapproved)
+    );
+}
+
 fn checks(r: &mut String, run: &Run<'_>) {
     let v = run.verdict;
     let z = v.zeros;
@@ -451,6 +519,11 @@ fn checks(r: &mut String, run: &Run<'_>) {
         r,
         "  mismatches         {} (provider ids verified by lookup: {})",
         z.mismatches, v.ids_verified
+    );
+    let _ = writeln!(
+        r,
+        "  cancelled or expired actions with an effect: {}",
+        z.stopped_with_effect
     );
     let _ = writeln!(
         r,

@@ -285,7 +285,7 @@ async fn settle_state(fleet: &Fleet, node: Option<&str>) -> anyhow::Result<(bool
         }
     }
     let state = format!(
-        "live (planned/executing/failed_retryable/deferred) {live}, unknown not with a person {unknown_open}, queues {depth_text}"
+        "live (planned/awaiting_approval/executing/failed_retryable/deferred) {live}, unknown not with a person {unknown_open}, queues {depth_text}"
     );
     Ok((quiet, state))
 }

@@ -7,21 +7,51 @@
 //! which the workers must refuse. The producer survives broker and Postgres faults by
 //! reconnecting and retrying a batch, and notes per intent whether the journal holds it:
 //! the checks hold the fleet to exactly the recorded intents.
+//!
+//! A deterministic twentieth of the intents ask for an `expires_at` a few seconds after
+//! their first submission (`enqueue_many_asked`): under load and faults some are not
+//! started by then and end `expired`, never sent; the others run. A repeat carries no
+//! options (it answers where the first submission stands), a retried batch the same.
 
 use super::ACTIONS;
 use super::rng::Rng;
 use crate::fleet::secret;
 use oncely_core::config::Config;
 use oncely_core::{DataKeys, Intent};
-use oncely_producer::{Enqueued, Producer, ProducerError};
+use oncely_producer::{Asked, Enqueued, Producer, ProducerError};
 use serde_json::json;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Intents per `enqueue_many` call.
 const BATCH: usize = 20;
+
+/// Share of the intents that ask for an `expires_at`.
+const EXPIRING_SHARE: f64 = 0.05;
+
+/// The batch intent `i` is first submitted in.
+pub(super) fn batch_of(i: usize) -> usize {
+    i / BATCH
+}
+
+/// Whether the chaos fleet's approval rule (`control::RULE_WHEN`) holds intent `i`'s real
+/// payload: the payment orders whose `amount_minor` (100 + i) ends in 00–09.
+pub(super) fn held_by_rule(i: usize) -> bool {
+    action_of(i) == 2 && (100 + i) % 100 < 10
+}
+
+/// Per intent: how long after its first submission it expires (`None`: it does not ask).
+fn expiries(n: usize, rng: &mut Rng) -> Vec<Option<Duration>> {
+    (0..n)
+        .map(|_| {
+            let expiring = rng.chance(EXPIRING_SHARE);
+            let after = rng.secs(1.0, 5.0);
+            expiring.then_some(after)
+        })
+        .collect()
+}
 
 /// Which of [`ACTIONS`] intent `i` goes to: 40 % emails, 30 % tickets, 30 % payment orders.
 pub(super) fn action_of(i: usize) -> usize {
@@ -138,6 +168,8 @@ pub(super) struct Workload {
     pub conflicts: usize,
     /// Per intent (by index): its key and payload hash.
     pub sealed: Vec<Sealed>,
+    /// Per intent (by index): how long after its first submission it expires, if it asks.
+    pub expiry: Vec<Option<Duration>>,
 }
 
 impl Workload {
@@ -145,6 +177,7 @@ impl Workload {
     pub fn new(seed: u64, n: usize) -> anyhow::Result<Workload> {
         let mut plan_rng = Rng::new(seed ^ 0x5EED_0001);
         let (batches, repeats, conflicts) = plan(n, &mut plan_rng);
+        let expiry = expiries(n, &mut Rng::new(seed ^ 0x5EED_0004));
         let sealed = (0..n)
             .map(|i| {
                 let env = intent(seed, i, 0).seal(&secret())?;
@@ -159,6 +192,7 @@ impl Workload {
             repeats,
             conflicts,
             sealed,
+            expiry,
         })
     }
 }
@@ -188,6 +222,10 @@ pub(super) struct ProducerReport {
     pub conflicts_sdk: u64,
     /// … of which refused at recording.
     pub conflicts_sdk_refused: u64,
+    /// First submissions answered `awaiting_approval` (held by the approval rule).
+    pub held: u64,
+    /// First submissions that asked for an `expires_at`.
+    pub expiring: u64,
     /// Conflicting payloads published raw.
     pub conflicts_raw: u64,
     /// … of which the broker confirmed.
@@ -244,11 +282,11 @@ pub(super) async fn produce(
     config: Config,
     data_keys: Option<DataKeys>,
     run: u64,
-    n: usize,
-    batches: Vec<Vec<Item>>,
+    workload: Arc<Workload>,
     span: Duration,
     progress: Arc<AtomicU64>,
 ) -> ProducerReport {
+    let (batches, n) = (&workload.batches, workload.sealed.len());
     let mut report = ProducerReport {
         recorded: vec![false; n],
         ..ProducerReport::default()
@@ -265,6 +303,7 @@ pub(super) async fn produce(
         producer,
         report,
         start,
+        expiry: workload.expiry.clone(),
     };
     for (b, batch) in batches.iter().enumerate() {
         tokio::time::sleep_until((start + pace.mul_f64(b as f64)).into()).await;
@@ -286,6 +325,8 @@ struct Producing {
     producer: Producer,
     report: ProducerReport,
     start: Instant,
+    /// Per intent: how long after its first submission it expires, if it asks.
+    expiry: Vec<Option<Duration>>,
 }
 
 impl Producing {
@@ -323,6 +364,16 @@ impl Producing {
     async fn enqueue(&mut self, b: usize, mut todo: Vec<Item>) -> Result<bool, GaveUp> {
         let mut reconnect = false;
         let mut tries = 0u32;
+        // Fixed at the batch's first try: a retry asks the same.
+        let now = chrono::Utc::now();
+        let deadlines: HashMap<usize, chrono::DateTime<chrono::Utc>> = todo
+            .iter()
+            .filter_map(|it| match *it {
+                Item::Original(i) => self.expiry[i].map(|d| (i, now + d)),
+                _ => None,
+            })
+            .collect();
+        self.report.expiring += deadlines.len() as u64;
         while !todo.is_empty() {
             tries += 1;
             if tries > 200 {
@@ -331,9 +382,19 @@ impl Producing {
                 return Err(GaveUp);
             }
             let intents: Vec<Intent> = todo.iter().map(|it| it.intent(self.run)).collect();
+            let asked: Vec<Asked> = todo
+                .iter()
+                .map(|it| match *it {
+                    Item::Original(i) => Asked {
+                        expires_at: deadlines.get(&i).copied(),
+                        ..Asked::default()
+                    },
+                    _ => Asked::default(),
+                })
+                .collect();
             let results = match tokio::time::timeout(
                 Duration::from_secs(20),
-                self.producer.enqueue_many(intents),
+                self.producer.enqueue_many_asked(intents, &asked),
             )
             .await
             {
@@ -372,9 +433,12 @@ impl Producing {
     fn answer(&mut self, item: Item, result: Result<Enqueued, ProducerError>) -> Next {
         let r = &mut self.report;
         match (item, result) {
-            (Item::Original(i), Ok(Enqueued::Enqueued { .. })) => {
+            (Item::Original(i), Ok(Enqueued::Enqueued { status, .. })) => {
                 r.new += 1;
                 r.recorded[i] = true;
+                if status == oncely_core::Status::AwaitingApproval {
+                    r.held += 1;
+                }
             }
             (Item::Original(i), Ok(Enqueued::Duplicate { .. })) => {
                 // A retried batch whose first try recorded it.

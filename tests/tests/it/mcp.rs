@@ -41,7 +41,11 @@ async fn the_python_mcp_sdk_calls_a_tool_five_times_and_one_email_is_sent() {
     let line: Value = serde_json::from_str(last).expect("keys line");
     let keys = line["keys"].as_array().expect("keys");
     let cancelled = line["cancelled"].as_array().expect("cancelled keys");
-    assert_eq!(cancelled.len(), 3, "one scheduled and cancelled per scenario");
+    assert_eq!(
+        cancelled.len(),
+        3,
+        "one scheduled and cancelled per scenario"
+    );
     assert_eq!(keys.len(), 6, "two queued per scenario, three scenarios");
     oncely_tests::eventually(
         "every queued email was sent",
@@ -64,7 +68,11 @@ async fn the_python_mcp_sdk_calls_a_tool_five_times_and_one_email_is_sent() {
     assert!(effects.duplicates().next().is_none());
     for k in cancelled {
         let k = k.as_str().unwrap_or_default();
-        assert_eq!(effects.count(k), 0, "{k}: cancelled through action_cancel, never sent");
+        assert_eq!(
+            effects.count(k),
+            0,
+            "{k}: cancelled through action_cancel, never sent"
+        );
         let key = oncely_core::IdempotencyKey::parse(k).expect("key");
         let op = fleet.op(&key).await.expect("recorded");
         assert_eq!(op.status, oncely_core::Status::Cancelled);
