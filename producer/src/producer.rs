@@ -339,6 +339,22 @@ impl Producer {
         oncely_core::outcome::publish_one(&self.publisher, &self.config, &self.topology, &ev).await;
     }
 
+    /// Cancel the operation `key` if nothing runs or was sent (docs/approvals.md, "Cancel"):
+    /// [`Cancelled::Cancelled`](oncely_core::journal::Cancelled) — it will never be sent;
+    /// `TooLate` — a worker took it first, or it ended (the row says how far it got).
+    /// Atomic against a worker's claim; the agents hear of it on the outcomes exchange.
+    pub async fn cancel(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<oncely_core::journal::Cancelled, ProducerError> {
+        let answer = self.journal.cancel(key, None, &self.actor).await?;
+        if let oncely_core::journal::Cancelled::Cancelled(op) = &answer {
+            metrics::counter!(m::CONTROL_DECISIONS, "action_type" => op.action_type.clone(), "decision" => "cancelled").increment(1);
+            self.notify_decided(op).await;
+        }
+        Ok(answer)
+    }
+
     /// The operation for a key, if any (without its payload: see
     /// [`Journal::get_without_payload`]).
     pub async fn status(&self, key: &IdempotencyKey) -> Result<Option<Operation>, ProducerError> {

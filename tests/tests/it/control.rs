@@ -580,6 +580,127 @@ async fn expired_actions_are_never_sent() {
     assert!(expired > 0, "30 actions at 2/s cannot all start within 3 s");
 }
 
+/// A first contact is held, a later one to the same recipient is not; `max_age` expires a
+/// backlog; the SDK's cancel is the journal's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_contacts_are_held_max_age_expires_and_the_sdk_cancels() {
+    fn rules(c: &mut Config) {
+        let mail = c.actions.get_mut("email.send").expect("email");
+        mail.approval = vec![ApprovalRule {
+            name: "first-contact".into(),
+            when: None,
+            first_contact: Some(oncely_core::config::FirstContact {
+                field: "/to".into(),
+                days: 30,
+            }),
+            four_eyes: None,
+            timeout: Duration::from_secs(3600),
+        }];
+        c.actions.get_mut("ticket.create").expect("tickets").max_age =
+            Some(Duration::from_millis(500));
+    }
+    let fleet = Fleet::with(FleetOptions {
+        reconciler: Some(FAST_RECONCILER),
+        configure: Some(rules),
+        ..FleetOptions::default()
+    })
+    .await;
+    let producer = fleet.producer().await;
+    let to = |n: usize, to: &str| {
+        Intent::from_json(json!({
+            "action_type": "email.send", "workflow_id": "first-contact", "step": "notify",
+            "business_object": format!("letter-{n}"), "revision": 1,
+            "payload": {"to": to, "subject": "Hello", "body": "Yes."}
+        }))
+        .expect("intent")
+    };
+    let status_of = |r: Enqueued| match r {
+        Enqueued::Enqueued { key, status } => (key.as_str().to_owned(), status),
+        other => panic!("{other:?}"),
+    };
+    // Tickets recorded while no worker runs grow older than max_age.
+    let ticket = Intent::from_json(json!({
+        "action_type": "ticket.create", "workflow_id": "first-contact", "step": "ticket",
+        "business_object": "case-1", "revision": 1, "payload": {"title": "Call back", "queue": "support"}
+    }))
+    .expect("ticket");
+    let (stale_ticket, _) = status_of(producer.enqueue(ticket).await.expect("ticket"));
+    let (first, status) = status_of(
+        producer
+            .enqueue(to(1, "new@example.test"))
+            .await
+            .expect("1"),
+    );
+    assert_eq!(
+        status.as_str(),
+        "awaiting_approval",
+        "never written to: held"
+    );
+    let k = oncely_core::IdempotencyKey::parse(&first).expect("key");
+    let journal = fleet.db.journal();
+    assert!(matches!(
+        journal
+            .decide_approval(&k, "carol", true, None, None)
+            .await
+            .expect("approve"),
+        oncely_core::journal::Decided::Approved(_)
+    ));
+    let recorded = op(&fleet, &stale_ticket).await.created_at;
+    eventually("the ticket is older than max_age", DEADLINE, || async {
+        (db_now(&fleet).await > recorded + chrono::Duration::milliseconds(600)).then_some(())
+    })
+    .await;
+    let _w = fleet.worker();
+    let _r = fleet.reconciler();
+    eventually("the approved first contact is sent", DEADLINE, || async {
+        (op(&fleet, &first).await.status.as_str() == "succeeded").then_some(())
+    })
+    .await;
+    // Written to now: the next letter to the same address is not held; another address is.
+    let (second, status) = status_of(
+        producer
+            .enqueue(to(2, "new@example.test"))
+            .await
+            .expect("2"),
+    );
+    assert_eq!(status.as_str(), "planned", "written to before: not held");
+    let (other, status) = status_of(
+        producer
+            .enqueue(to(3, "other@example.test"))
+            .await
+            .expect("3"),
+    );
+    assert_eq!(status.as_str(), "awaiting_approval");
+    eventually("the second letter is sent", DEADLINE, || async {
+        (op(&fleet, &second).await.status.as_str() == "succeeded").then_some(())
+    })
+    .await;
+    let t = op(&fleet, &stale_ticket).await;
+    assert_eq!(
+        (t.status.as_str(), t.last_error_code.as_deref()),
+        ("expired", Some("expired"))
+    );
+    assert_eq!(
+        fleet.sandbox.effects().count(&stale_ticket),
+        0,
+        "expired by max_age: never sent"
+    );
+    // The SDK cancels the held one; the answer is the journal's.
+    let k = oncely_core::IdempotencyKey::parse(&other).expect("key");
+    assert!(matches!(
+        producer.cancel(&k).await.expect("cancel"),
+        oncely_core::journal::Cancelled::Cancelled(_)
+    ));
+    assert_eq!(op(&fleet, &other).await.status.as_str(), "cancelled");
+    let k = oncely_core::IdempotencyKey::parse(&second).expect("key");
+    assert!(matches!(
+        producer.cancel(&k).await.expect("cancel"),
+        oncely_core::journal::Cancelled::TooLate(op) if op.status.as_str() == "succeeded"
+    ));
+    assert_eq!(fleet.sandbox.effects().count(&other), 0);
+    assert_eq!(fleet.sandbox.effects().count(&second), 1);
+}
+
 fn keys_of(results: Vec<Result<Enqueued, oncely_producer::ProducerError>>) -> Vec<String> {
     results
         .into_iter()
