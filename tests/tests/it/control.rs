@@ -472,19 +472,7 @@ async fn expired_actions_are_never_sent() {
     let producer = fleet.producer().await;
     // A backlog: no worker runs while the deadline passes.
     let deadline = db_now(&fleet).await + chrono::Duration::milliseconds(500);
-    let asked = vec![
-        Asked {
-            expires_at: Some(deadline),
-            ..Asked::default()
-        };
-        20
-    ];
-    let stale = keys_of(
-        producer
-            .enqueue_many_asked((0..20).map(email).collect(), &asked)
-            .await
-            .expect("enqueue"),
-    );
+    let stale = expiring(&producer, 0..20, deadline).await;
     let fresh = keys_of(
         producer
             .enqueue_many((20..40).map(email).collect())
@@ -533,19 +521,7 @@ async fn expired_actions_are_never_sent() {
     let _w = fleet.worker();
     let _r = fleet.reconciler();
     let deadline = db_now(&fleet).await + chrono::Duration::seconds(3);
-    let asked = vec![
-        Asked {
-            expires_at: Some(deadline),
-            ..Asked::default()
-        };
-        30
-    ];
-    let throttled = keys_of(
-        producer
-            .enqueue_many_asked((100..130).map(email).collect(), &asked)
-            .await
-            .expect("enqueue"),
-    );
+    let throttled = expiring(&producer, 100..130, deadline).await;
     eventually("every throttled action ended", DEADLINE, || async {
         let mut done = 0;
         for key in &throttled {
@@ -699,6 +675,27 @@ async fn first_contacts_are_held_max_age_expires_and_the_sdk_cancels() {
     ));
     assert_eq!(fleet.sandbox.effects().count(&other), 0);
     assert_eq!(fleet.sandbox.effects().count(&second), 1);
+}
+
+/// Enqueue the emails `range`, each expiring at `deadline`; their keys.
+async fn expiring(
+    producer: &oncely_producer::Producer,
+    range: std::ops::Range<usize>,
+    deadline: DateTime<Utc>,
+) -> Vec<String> {
+    let asked = vec![
+        Asked {
+            expires_at: Some(deadline),
+            ..Asked::default()
+        };
+        range.len()
+    ];
+    keys_of(
+        producer
+            .enqueue_many_asked(range.map(email).collect(), &asked)
+            .await
+            .expect("enqueue"),
+    )
 }
 
 fn keys_of(results: Vec<Result<Enqueued, oncely_producer::ProducerError>>) -> Vec<String> {
