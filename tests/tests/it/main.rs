@@ -11,6 +11,7 @@ mod desk;
 mod failover;
 mod flow;
 mod gateway;
+mod hardening;
 mod http2;
 mod https;
 mod journal;
