@@ -122,25 +122,38 @@ fn builder() -> Result<PrometheusBuilder, String> {
         .map_err(|e| e.to_string())
 }
 
+/// How often a handle's histograms are drained into their buckets when nobody scrapes.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Install the global recorder and return a handle that renders `/metrics` (for a
-/// process that serves it on its own router, like the gateway).
+/// process that serves it on its own router, like the gateway). Call it inside a tokio
+/// runtime: a task drains the histograms every few seconds, so an unscraped process does
+/// not keep every sample (rendering drains them too, but nobody may ever scrape).
 pub fn install_handle() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
-    builder()?.install_recorder().map_err(|e| e.to_string())
+    let handle = builder()?.install_recorder().map_err(|e| e.to_string())?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
 }
 
-/// Install the global recorder and serve `/metrics` on `addr` (port 0 = disabled).
+/// Install the global recorder and serve `/metrics` on `addr` (the exporter drains its
+/// histograms itself). Without an address (or port 0) nothing is installed: the metric
+/// calls are no-ops, and nothing keeps samples nobody will read.
 pub fn install(addr: Option<SocketAddr>) -> Result<(), String> {
-    let mut b = builder()?;
     match addr {
-        Some(a) if a.port() != 0 => b = b.with_http_listener(a),
-        _ => {
-            // No listener: still install so metric calls are cheap no-ops elsewhere.
-            let recorder = b.build_recorder();
-            return metrics::set_global_recorder(recorder).map_err(|e| e.to_string());
-        }
+        Some(a) if a.port() != 0 => builder()?
+            .with_http_listener(a)
+            .install()
+            .map_err(|e| format!("cannot serve metrics on {a}: {e}")),
+        _ => Ok(()),
     }
-    b.install()
-        .map_err(|e| format!("cannot serve metrics on {addr:?}: {e}"))
 }
 
 /// The flow-control series of each provider, at 0 from the start (see [`init_series`]):
