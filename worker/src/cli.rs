@@ -19,7 +19,8 @@ use std::path::PathBuf;
     about,
     long_about = "oncely workers: execute AI agents' actions once, settle the unknowns.\n\n\
 Postgres comes from DATABASE_URL (or `database_url` in the config), RabbitMQ from ONCELY_AMQP_URL, the key secret from \
-ONCELY_KEY_SECRETS_FILE (a key ring), ONCELY_KEY_SECRET_FILE or ONCELY_KEY_SECRET (without one, keys are checked for format only); \
+ONCELY_KEY_SECRETS_FILE (a key ring), ONCELY_KEY_SECRET_FILE or ONCELY_KEY_SECRET (`run` refuses to start without one: \
+it could not tell a forged key from a real one); \
 data keys for sealing payloads from ONCELY_DATA_KEYS_FILE (without it, payloads are stored in plain text). See docs/security.md. Logs: RUST_LOG, ONCELY_LOG_FORMAT=json|pretty."
 )]
 pub struct Cli {
@@ -58,6 +59,11 @@ pub enum Command {
         /// Only these action types (repeatable); default: every configured one.
         #[arg(long = "action")]
         actions: Vec<String>,
+        /// Start without a key secret and accept any well-formed idempotency key: anyone
+        /// who can publish to the action queues can then forge intents. Only for trying
+        /// oncely out; never in production.
+        #[arg(long, env = "ONCELY_INSECURE_ACCEPT_UNVERIFIED_KEYS")]
+        insecure_accept_unverified_keys: bool,
     },
     /// Run a reconciler (with the sweeper): settle unknown outcomes by asking providers
     /// first, open reviews when nobody can tell, heal lost messages. Several may run.
@@ -105,7 +111,33 @@ pub fn load_config(path: Option<&std::path::Path>, only: &[String]) -> anyhow::R
 /// Connect, check that the connected role holds what `process` needs and that the
 /// database is at this binary's schema version (only `migrate` changes it), and build a
 /// process context.
-pub async fn context(config: Config, process: Process) -> anyhow::Result<Context> {
+/// `verify_keys`: this process checks envelopes' keys, so it needs the key ring unless
+/// `insecure` (the worker's `--insecure-accept-unverified-keys`) says otherwise.
+pub async fn context(
+    config: Config,
+    process: Process,
+    verify_keys: KeyCheck,
+) -> anyhow::Result<Context> {
+    // Before the database: a missing secret is a configuration error, not a wait.
+    let secret = match (KeyRing::from_env(), verify_keys) {
+        (Ok(s), _) => Some(s),
+        (Err(oncely_core::keys::KeyError::MissingSecret), KeyCheck::Required) => {
+            anyhow::bail!(
+                "no key secret: set ONCELY_KEY_SECRETS_FILE, ONCELY_KEY_SECRET_FILE or ONCELY_KEY_SECRET \
+                 (the producers' secret). Without it a worker cannot tell a forged idempotency key from \
+                 a real one; to try oncely out anyway, pass --insecure-accept-unverified-keys"
+            )
+        }
+        (Err(oncely_core::keys::KeyError::MissingSecret), KeyCheck::Insecure) => {
+            tracing::error!(
+                "INSECURE: --insecure-accept-unverified-keys: no key secret, so any well-formed \
+                 idempotency key is accepted; anyone who can publish to the action queues can forge intents"
+            );
+            None
+        }
+        (Err(oncely_core::keys::KeyError::MissingSecret), KeyCheck::NotUsed) => None,
+        (Err(e), _) => return Err(e.into()),
+    };
     let settings = PoolSettings {
         max_connections: config.worker.db_connections,
         ..PoolSettings::for_config(&config)
@@ -132,16 +164,6 @@ pub async fn context(config: Config, process: Process) -> anyhow::Result<Context
             Err(e) => return Err(e.into()),
         }
     };
-    let secret = match KeyRing::from_env() {
-        Ok(s) => Some(s),
-        Err(oncely_core::keys::KeyError::MissingSecret) => {
-            tracing::warn!(
-                "no key secret: idempotency keys are checked for format only, not recomputed"
-            );
-            None
-        }
-        Err(e) => return Err(e.into()),
-    };
     if let Some(s) = &secret {
         tracing::info!(current = s.current_id(), verify_only = ?s.verify_only_ids().collect::<Vec<_>>(), "key ring");
     }
@@ -163,6 +185,17 @@ pub async fn context(config: Config, process: Process) -> anyhow::Result<Context
     )
 }
 
+/// Whether a process needs the key ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyCheck {
+    /// It verifies envelopes' keys: no ring, no start.
+    Required,
+    /// It would, but the operator said `--insecure-accept-unverified-keys`.
+    Insecure,
+    /// It never verifies a key (the reconciler): the ring is used when given.
+    NotUsed,
+}
+
 /// Run the CLI.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
@@ -171,10 +204,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             role_prefix,
             print,
         } => migrate(cli.config.as_deref(), with_roles, &role_prefix, print).await,
-        Command::Run { actions } => {
+        Command::Run {
+            actions,
+            insecure_accept_unverified_keys,
+        } => {
             oncely_core::metrics::install(cli.metrics_addr).map_err(anyhow::Error::msg)?;
             let config = load_config(cli.config.as_deref(), &actions)?;
-            let ctx = context(config, Process::Worker).await?;
+            let keys = if insecure_accept_unverified_keys {
+                KeyCheck::Insecure
+            } else {
+                KeyCheck::Required
+            };
+            let ctx = context(config, Process::Worker, keys).await?;
             oncely_core::metrics::init_series(&ctx.action_types());
             oncely_core::metrics::init_provider_series(&ctx.flow.provider_series());
             crate::runner::run(ctx, Shutdown::on_signals()).await
@@ -182,7 +223,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Reconcile => {
             oncely_core::metrics::install(cli.metrics_addr).map_err(anyhow::Error::msg)?;
             let config = load_config(cli.config.as_deref(), &[])?;
-            let ctx = context(config, Process::Reconciler).await?;
+            let ctx = context(config, Process::Reconciler, KeyCheck::NotUsed).await?;
             oncely_core::metrics::init_series(&ctx.action_types());
             oncely_core::metrics::init_provider_series(&ctx.flow.provider_series());
             crate::reconciler::run(ctx, Shutdown::on_signals()).await

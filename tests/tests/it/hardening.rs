@@ -116,3 +116,57 @@ async fn hostile_unauthenticated_traffic_leaves_metrics_and_memory_flat() {
         "the gateway's RSS grew from {rss} KiB to {rss_after} KiB"
     );
 }
+
+/// `oncely-worker run` without a key secret: before, it only warned and then accepted any
+/// well-formed key (forged intents from anyone who can publish to the queue). Now it
+/// refuses to start, naming the variables and the flag; the loudly named flag starts it
+/// with an error-level line saying what it gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_a_key_secret_refuses_to_start() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let fleet = Fleet::new().await;
+    let worker = |extra: &[&str]| {
+        let mut c = tokio::process::Command::new(oncely_tests::fleet::binary("oncely-worker"));
+        c.arg("--config")
+            .arg(&fleet.config_path)
+            .arg("run")
+            .args(extra)
+            .env_remove("ONCELY_KEY_SECRET")
+            .env_remove("ONCELY_KEY_SECRET_FILE")
+            .env_remove("ONCELY_KEY_SECRETS_FILE")
+            .env("ONCELY_LOG_FORMAT", "json")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        c
+    };
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), worker(&[]).output())
+        .await
+        .expect("the worker exits by itself")
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started without a secret: {err}");
+    assert!(
+        err.contains("ONCELY_KEY_SECRET_FILE") && err.contains("--insecure-accept-unverified-keys"),
+        "{err}"
+    );
+    let mut insecure = worker(&["--insecure-accept-unverified-keys"])
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(insecure.stderr.take().expect("stderr")).lines();
+    let said = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            if l.contains("INSECURE") && l.contains("\"ERROR\"") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(said, Ok(true), "no error-level INSECURE line");
+    assert!(
+        insecure.try_wait().expect("wait").is_none(),
+        "it should run"
+    );
+}
