@@ -301,23 +301,11 @@ fn method_label(m: &axum::http::Method) -> &'static str {
 }
 
 fn links(key: &str) -> Links {
-    let k = percent_encode(key);
+    let k = oncely_core::config::providers::template::percent_encode(key);
     Links {
         self_: format!("/v1/actions/{k}"),
         wait: format!("/v1/actions/{k}?wait=30s"),
     }
-}
-
-/// Percent-encode a path segment (keys hold `:`).
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Enqueue an action.

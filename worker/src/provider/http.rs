@@ -27,7 +27,6 @@ use hyper::{Method, Request, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::capture_connection;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use oncely_core::config::providers::template::MissingField;
 use oncely_core::config::{ConfigError, HttpProviderConfig};
 use serde_json::Value;
 
@@ -257,16 +256,17 @@ impl HttpProvider {
         let rendered = self
             .mapping
             .execute(call.key.as_str(), call.action_type, call.payload)
-            .map_err(|MissingField(pointer)| {
+            .map_err(|e| {
                 // The payload never changes: no later attempt can do better.
                 tracing::warn!(
                     provider = %self.name,
                     key = %call.key,
-                    field = %pointer,
-                    "the provider's mapping needs a payload field the operation does not have; nothing was sent",
+                    field = %e.pointer(),
+                    code = e.code(),
+                    "the provider's request cannot be built from the operation's payload (a missing field, or a path value `.`, `..` or empty); nothing was sent",
                 );
                 Outcome::Rejected {
-                    code: "template_missing_field".into(),
+                    code: e.code().into(),
                 }
             })?;
         let invalid = || Outcome::NotSent {
@@ -455,7 +455,7 @@ impl HttpProvider {
             .lookup_path(by, key, call.action_type, call.payload)
         {
             Some(Ok(path)) => path,
-            Some(Err(MissingField(_))) | None => return Err(Remote::Unsupported),
+            Some(Err(_)) | None => return Err(Remote::Unsupported),
         };
         let Some(request) = self.get_request(&path) else {
             return Err(Remote::Failed {

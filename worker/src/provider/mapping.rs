@@ -2,14 +2,18 @@
 //! body (JSON or form-encoded), and the lookup paths — all templates over the key and
 //! the payload (see `oncely_core::config::providers::template`).
 //!
-//! Why rendering can fail only with [`MissingField`], and why that is a *rejection*: the
-//! templates were parsed when the config was loaded, so the one thing left is a payload
-//! without a field the mapping needs. Nothing is sent then, and sending later cannot
-//! help — the payload of an operation never changes — so the operation fails for good
-//! with `template_missing_field`, naming the field in the worker's log.
+//! Why rendering can fail only with a payload problem, and why that is a *rejection*: the
+//! templates were parsed when the config was loaded, so what is left is a payload
+//! without a field the mapping needs (`template_missing_field`), or a path value that
+//! would change which resource is called — `.`, `..` or empty
+//! (`template_unsafe_path_value`). Nothing is sent then, and sending later cannot help —
+//! the payload of an operation never changes — so the operation fails for good, naming
+//! the field (never its value) in the worker's log.
 
 use hyper::Method;
-use oncely_core::config::providers::template::{MissingField, Template, Values, as_text};
+use oncely_core::config::providers::template::{
+    MissingField, PathError, Template, Values, as_text, percent_encode,
+};
 use oncely_core::config::{Encoding, HttpProviderConfig};
 use serde_json::{Map, Value};
 
@@ -105,9 +109,9 @@ impl Mapping {
         key: &str,
         action_type: &str,
         payload: &Map<String, Value>,
-    ) -> Result<Rendered, MissingField> {
+    ) -> Result<Rendered, PathError> {
         let values = self.values(key, action_type, payload);
-        let path = self.execute_path.render_text(&values, percent_encode)?;
+        let path = self.execute_path.render_path(&values)?;
         let rendered;
         let body = match &self.body {
             Some(template) => {
@@ -153,10 +157,9 @@ impl Mapping {
         key: &str,
         action_type: &str,
         payload: &Map<String, Value>,
-    ) -> Option<Result<String, MissingField>> {
+    ) -> Option<Result<String, PathError>> {
         let values = self.values(key, action_type, payload);
-        self.lookup(by)
-            .map(|t| t.render_text(&values, percent_encode))
+        self.lookup(by).map(|t| t.render_path(&values))
     }
 }
 
@@ -226,23 +229,6 @@ fn form_pairs(name: String, value: &Value, out: &mut Vec<(String, String)>) {
         Value::Null => {}
         other => out.push((name, as_text(other).into_owned())),
     }
-}
-
-/// Percent-encodes a path, query or form value: everything but RFC 3986 unreserved
-/// characters.
-pub(crate) fn percent_encode(value: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0x0F)]));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -329,7 +315,7 @@ mod tests {
         let m = Mapping::new(&config(json!({"x": "{/absent}"}), Encoding::Form)).expect("m");
         assert_eq!(
             m.execute("v1:k", "a", &payload()).map(|r| r.path),
-            Err(MissingField("/absent".into()))
+            Err(PathError::MissingField("/absent".into()))
         );
         assert_eq!(
             m.lookup_path(LookupBy::Key, "v1:k", "a", &payload()),
@@ -341,7 +327,44 @@ mod tests {
         );
         assert_eq!(
             m.lookup_path(LookupBy::Reference, "v1:k", "a", &Map::new()),
-            Some(Err(MissingField("/business_reference".into())))
+            Some(Err(PathError::MissingField("/business_reference".into())))
+        );
+    }
+
+    /// A payload value `..` in a path segment turned `/v1/customers/{/id}/refunds` into
+    /// `/v1/customers/../refunds` — `/v1/refunds` to the provider, called with oncely's
+    /// credentials. Now `.`, `..` and empty path values are refused; in the query they
+    /// are only values.
+    #[test]
+    fn dot_segments_in_a_path_are_refused() {
+        let mut c =
+            HttpProviderConfig::new("https://x", "/v1/customers/{/id}/refunds?note={/note}");
+        c.lookup_path = "/v1/refunds/{/id}".into();
+        let m = Mapping::new(&c).expect("m");
+        let with = |id: &str| {
+            let Value::Object(map) = json!({"id": id, "note": ".."}) else {
+                unreachable!()
+            };
+            map
+        };
+        for bad in ["..", ".", ""] {
+            assert_eq!(
+                m.execute("v1:k", "a", &with(bad)).map(|r| r.path),
+                Err(PathError::UnsafeSegment("/id".into())),
+                "{bad:?}"
+            );
+            assert_eq!(
+                m.lookup_path(LookupBy::Key, "v1:k", "a", &with(bad)),
+                Some(Err(PathError::UnsafeSegment("/id".into())))
+            );
+        }
+        assert_eq!(
+            m.execute("v1:k", "a", &with("..x")).map(|r| r.path),
+            Ok("/v1/customers/..x/refunds?note=..".into())
+        );
+        assert_eq!(
+            PathError::UnsafeSegment("/id".into()).code(),
+            "template_unsafe_path_value"
         );
     }
 }

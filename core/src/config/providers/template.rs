@@ -62,6 +62,58 @@ pub struct Values<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MissingField(pub String);
 
+/// A request path could not be rendered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathError {
+    /// The payload has no field at this pointer.
+    MissingField(String),
+    /// The value at this pointer is `.`, `..` or empty: in a path it would change which
+    /// resource is called (`/v1/customers/{/id}/refunds` with `..` is `/v1/refunds`),
+    /// with oncely's credentials. Percent-encoding does not help: `%2E%2E` is `..` to a
+    /// server that normalises after decoding.
+    UnsafeSegment(String),
+}
+
+impl From<MissingField> for PathError {
+    fn from(MissingField(pointer): MissingField) -> Self {
+        PathError::MissingField(pointer)
+    }
+}
+
+impl PathError {
+    /// The payload pointer concerned (for the log; never the value).
+    pub fn pointer(&self) -> &str {
+        match self {
+            PathError::MissingField(p) | PathError::UnsafeSegment(p) => p,
+        }
+    }
+
+    /// The outcome code: `template_missing_field` or `template_unsafe_path_value`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            PathError::MissingField(_) => "template_missing_field",
+            PathError::UnsafeSegment(_) => "template_unsafe_path_value",
+        }
+    }
+}
+
+/// Percent-encode a value for a URL path or query: everything but RFC 3986's unreserved
+/// characters.
+pub fn percent_encode(value: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0x0F)]));
+        }
+    }
+    out
+}
+
 impl Template {
     /// Parses `text`; the error says what is wrong (unknown placeholder, unbalanced
     /// brace), for a message naming the field.
@@ -139,6 +191,37 @@ impl Template {
             match part {
                 Part::Text(t) => out.push_str(t),
                 other => out.push_str(&escape(&as_text(value_of(other, v)?.as_ref()))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// A request path (with its query): each value percent-encoded; a value in the path
+    /// part (before the first `?` of the literal text) that is `.`, `..` or empty is
+    /// refused ([`PathError::UnsafeSegment`]).
+    pub fn render_path(&self, v: &Values<'_>) -> Result<String, PathError> {
+        let mut out = String::new();
+        let mut in_query = false;
+        for part in &self.parts {
+            match part {
+                Part::Text(t) => {
+                    in_query |= t.contains('?');
+                    out.push_str(t);
+                }
+                other => {
+                    let value = value_of(other, v)?;
+                    let text = as_text(value.as_ref());
+                    if !in_query && matches!(text.as_ref(), "" | "." | "..") {
+                        let pointer = match other {
+                            Part::Field(p) => p.as_str(),
+                            Part::Reference => v.reference_pointer,
+                            Part::Key => "{key}",
+                            _ => "{action_type}",
+                        };
+                        return Err(PathError::UnsafeSegment(pointer.to_owned()));
+                    }
+                    out.push_str(&percent_encode(&text));
+                }
             }
         }
         Ok(out)
