@@ -365,7 +365,7 @@ mod tests {
             .expect("intent")
             .seal(&secret())
             .expect("seal");
-        let other = KeyRing::new(b"another".to_vec()).expect("secret");
+        let other = KeyRing::new(b"another-secret-entirely".to_vec()).expect("secret");
         assert!(matches!(
             Envelope::parse(&env.to_bytes(), 4096, Some(&other)),
             Err(EnvelopeError::KeyMismatch)

@@ -51,6 +51,12 @@ pub enum KeyError {
     /// The secret is empty.
     #[error("the key secret from {0} is empty")]
     EmptySecret(&'static str),
+    /// The current secret is shorter than [`MIN_SECRET_BYTES`].
+    #[error(
+        "the key secret from {0} is {1} bytes: new keys need at least 16 (e.g. `head -c 32 /dev/urandom | base64`); \
+         an older, shorter secret may stay in a key ring as `verify-only`"
+    )]
+    ShortSecret(String, usize),
     /// The secret file could not be read.
     #[error("cannot read the key secret file {path}: {source}")]
     SecretFile {
@@ -72,6 +78,21 @@ pub enum KeyError {
     Canonical(#[from] CanonicalError),
 }
 
+impl KeyError {
+    /// Name where a refused secret came from (an environment variable).
+    fn naming_source(self, source: &str) -> Self {
+        match self {
+            KeyError::ShortSecret(_, n) => KeyError::ShortSecret(source.to_owned(), n),
+            other => other,
+        }
+    }
+}
+
+/// The shortest current secret accepted (bytes): 128 bits, above NIST SP 800-107's
+/// 112-bit floor for HMAC keys. Verify-only secrets may be shorter (a ring can keep an
+/// old short secret while its keys are still in flight).
+pub const MIN_SECRET_BYTES: usize = 16;
+
 /// One HMAC secret of the ring, with its id.
 #[derive(Clone)]
 struct RingSecret {
@@ -80,11 +101,23 @@ struct RingSecret {
 }
 
 impl RingSecret {
-    fn key_for(&self, canonical_identity: &[u8]) -> IdempotencyKey {
+    fn mac(&self, canonical_identity: &[u8]) -> Hmac<Sha256> {
         let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(self.bytes.expose_secret())
             .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
         mac.update(canonical_identity);
+        mac
+    }
+
+    fn key_for(&self, canonical_identity: &[u8]) -> IdempotencyKey {
+        let mac = self.mac(canonical_identity);
         IdempotencyKey(format!("v1:{}", hex::encode(mac.finalize().into_bytes())))
+    }
+
+    /// Whether `tag` (the key's 32 bytes) is this secret's HMAC of the identity, compared
+    /// in constant time (`verify_slice`): how long a forged key takes to refuse does not
+    /// tell a forger how many of its leading bytes were right.
+    fn verifies(&self, canonical_identity: &[u8], tag: &[u8]) -> bool {
+        self.mac(canonical_identity).verify_slice(tag).is_ok()
     }
 }
 
@@ -133,11 +166,15 @@ struct RingEntry {
 }
 
 impl KeyRing {
-    /// A ring of one secret (id `default`) from raw bytes. Empty secrets are refused.
+    /// A ring of one secret (id `default`) from raw bytes. Empty secrets and secrets
+    /// shorter than [`MIN_SECRET_BYTES`] are refused.
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, KeyError> {
         let bytes: Vec<u8> = bytes.into();
         if bytes.is_empty() {
             return Err(KeyError::EmptySecret("the caller"));
+        }
+        if bytes.len() < MIN_SECRET_BYTES {
+            return Err(KeyError::ShortSecret("the caller".into(), bytes.len()));
         }
         Ok(Self {
             current: RingSecret {
@@ -177,11 +214,11 @@ impl KeyRing {
             if bytes.is_empty() {
                 return Err(KeyError::EmptySecret(SECRET_FILE_ENV));
             }
-            return Self::new(bytes);
+            return Self::new(bytes).map_err(|e| e.naming_source(SECRET_FILE_ENV));
         }
         match get(SECRET_ENV) {
             Some(v) if v.is_empty() => Err(KeyError::EmptySecret(SECRET_ENV)),
-            Some(v) => Self::new(v.into_encoded_bytes()),
+            Some(v) => Self::new(v.into_encoded_bytes()).map_err(|e| e.naming_source(SECRET_ENV)),
             None => Err(KeyError::MissingSecret),
         }
     }
@@ -263,6 +300,14 @@ impl KeyRing {
         let current = current.ok_or_else(|| {
             bad("no secret is `current`; exactly one must be (new keys are made with it)".into())
         })?;
+        let len = current.bytes.expose_secret().len();
+        if len < MIN_SECRET_BYTES {
+            return Err(bad(format!(
+                "the current secret (id {:?}) is {len} bytes: new keys need at least \
+                 {MIN_SECRET_BYTES} (e.g. `head -c 32 /dev/urandom | base64`); a shorter old secret may stay `verify-only`",
+                current.id
+            )));
+        }
         Ok(Self {
             current,
             verify_only,
@@ -277,10 +322,14 @@ impl KeyRing {
     /// The id of the secret under which `key` is the key of `identity` (the current one
     /// first), or `None`: the key is forged, or made with a secret not in this ring.
     pub fn verify(&self, identity: &BusinessIdentity, key: &IdempotencyKey) -> Option<&str> {
+        let tag = key
+            .as_str()
+            .strip_prefix("v1:")
+            .and_then(|h| hex::decode(h).ok())?;
         let bytes = canonical_identity(identity);
         std::iter::once(&self.current)
             .chain(&self.verify_only)
-            .find(|s| &s.key_for(&bytes) == key)
+            .find(|s| s.verifies(&bytes, &tag))
             .map(|s| s.id.as_str())
     }
 
@@ -528,16 +577,16 @@ mod tests {
             json!({"action_type":"email.send","workflow_id":"case-1842","step":"send_approval_notice","business_object":"application-731","revision":2}),
         );
         let old = secret();
-        let new = KeyRing::new(b"the-new-secret".to_vec()).expect("secret");
+        let new = KeyRing::new(b"the-new-secret-of-this-test".to_vec()).expect("secret");
         let rotated = ring(
-            "[[secret]]\nid = \"new\"\nstate = \"current\"\nvalue = \"the-new-secret\"\n\n\
+            "[[secret]]\nid = \"new\"\nstate = \"current\"\nvalue = \"the-new-secret-of-this-test\"\n\n\
              [[secret]]\nid = \"old\"\nstate = \"verify-only\"\nvalue = \"test-secret-do-not-use\"\n",
         )
         .expect("ring");
         assert_eq!(rotated.key_for(&id), new.key_for(&id));
         assert_eq!(rotated.verify(&id, &old.key_for(&id)), Some("old"));
         assert_eq!(rotated.verify(&id, &new.key_for(&id)), Some("new"));
-        let stranger = KeyRing::new(b"someone-else".to_vec()).expect("secret");
+        let stranger = KeyRing::new(b"someone-else-entirely".to_vec()).expect("secret");
         assert_eq!(rotated.verify(&id, &stranger.key_for(&id)), None);
         assert_eq!(rotated.all_keys_for(&id).len(), 2);
         let shown = format!("{rotated:?}");
@@ -583,12 +632,34 @@ mod tests {
                 "[[secret]]\nid = \"a b\"\nstate = \"current\"\nvalue = \"x\"\n",
                 "the id must be",
             ),
+            (
+                "[[secret]]\nid = \"a\"\nstate = \"current\"\nvalue = \"fifteen-bytes!!\"\n",
+                "the current secret (id \"a\") is 15 bytes: new keys need at least 16",
+            ),
         ];
         for (text, expected) in cases {
             let err = ring(text).expect_err(expected).to_string();
             assert!(err.contains(expected), "{err} (wanted {expected})");
             assert!(err.starts_with("key ring ring.toml: "), "{err}");
         }
+    }
+
+    /// Issue 43: any non-empty secret was accepted (`ONCELY_KEY_SECRET=x`).
+    #[test]
+    fn short_current_secrets_are_refused_and_short_old_ones_may_verify() {
+        let err =
+            KeyRing::from_lookup(|n| (n == SECRET_ENV).then(|| "x".into())).expect_err("one byte");
+        assert_eq!(
+            err.to_string().split(':').next(),
+            Some("the key secret from ONCELY_KEY_SECRET is 1 bytes")
+        );
+        assert!(KeyRing::new(b"0123456789abcdef".to_vec()).is_ok());
+        let ring = ring(
+            "[[secret]]\nid = \"new\"\nstate = \"current\"\nvalue = \"a-long-enough-secret\"\n\
+             [[secret]]\nid = \"old\"\nstate = \"verify-only\"\nvalue = \"short\"\n",
+        )
+        .expect("a short verify-only secret is accepted");
+        assert_eq!(ring.verify_only_ids().collect::<Vec<_>>(), ["old"]);
     }
 
     #[test]

@@ -28,6 +28,7 @@
 
 use aes_gcm::aead::{Aead, Generate, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
+use secrecy::zeroize::Zeroize;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -167,13 +168,17 @@ impl DataKeys {
                     "{at}: the id must be 1..=64 letters, digits, '.', '_' or '-'"
                 )));
             }
-            let text = match (e.hex, e.file) {
+            let mut text = match (e.hex, e.file) {
                 (Some(h), None) => h,
                 (None, Some(f)) => std::fs::read_to_string(&f)
                     .map_err(|source| SealError::Read { path: f, source })?,
                 _ => return Err(bad(format!("{at}: give exactly one of `hex` and `file`"))),
             };
-            let bytes = hex::decode(text.trim())
+            let decoded = hex::decode(text.trim());
+            // The key's copies are wiped as they go out of use (the cipher keeps its own
+            // expanded key, wiped on drop: aes-gcm's `zeroize` feature).
+            text.zeroize();
+            let mut bytes = decoded
                 .ok()
                 .filter(|b| b.len() == 32)
                 .ok_or_else(|| {
@@ -181,9 +186,11 @@ impl DataKeys {
                         "{at}: a data key is 32 random bytes written as 64 hex digits (e.g. `openssl rand -hex 32`)"
                     ))
                 })?;
-            let key = Key::<Aes256Gcm>::try_from(bytes.as_slice())
-                .map_err(|_| bad(format!("{at}: a data key is 32 bytes")))?;
+            let key = Key::<Aes256Gcm>::try_from(bytes.as_slice());
+            bytes.zeroize();
+            let mut key = key.map_err(|_| bad(format!("{at}: a data key is 32 bytes")))?;
             let cipher = Aes256Gcm::new(&key);
+            key.as_mut_slice().zeroize();
             match e.state.as_str() {
                 "current" if current.is_some() => {
                     return Err(bad(format!(
