@@ -362,6 +362,15 @@ impl Service {
         client_key: Option<&str>,
     ) -> Result<Submitted, ApiError> {
         self.admit(caller)?;
+        // The token's rights first: a restricted token learns nothing about the action
+        // types it may not use (403 whether or not `action_type` is configured).
+        if !caller.may(action_type) {
+            return Err(ApiError::new(
+                403,
+                "forbidden_action_type",
+                format!("this token may not enqueue {action_type:?}"),
+            ));
+        }
         if !self.config.actions.contains_key(action_type) {
             return Err(ApiError::new(
                 404,
@@ -369,13 +378,6 @@ impl Service {
                 format!(
                     "no action type {action_type:?} is configured (GET /v1/action-types lists them)"
                 ),
-            ));
-        }
-        if !caller.may(action_type) {
-            return Err(ApiError::new(
-                403,
-                "forbidden_action_type",
-                format!("this token may not enqueue {action_type:?}"),
             ));
         }
         for reserved in ["tenant", "action_type"] {

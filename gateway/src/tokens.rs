@@ -144,6 +144,16 @@ impl Tokens {
                     "{at}: sha256 must be 64 hex digits (`oncely-gateway token hash` prints it)"
                 )
             })?;
+            if let Some((_, other)) = entries
+                .iter()
+                .find(|(h, _): &&([u8; 32], Caller)| *h == hash)
+            {
+                return Err(format!(
+                    "{at}: the same sha256 as token {:?}: one token cannot be two callers (which \
+                     tenant and rights would it get?); give each its own token",
+                    other.token_id
+                ));
+            }
             let allowed = match e.actions {
                 None => None,
                 Some(list) => {
@@ -253,6 +263,21 @@ mod tests {
             Tokens::parse(&dup, &known())
                 .expect_err("dup")
                 .contains("unique")
+        );
+    }
+
+    /// Issue 43: two entries with one hash were accepted, the first silently winning.
+    #[test]
+    fn one_token_hash_under_two_entries_is_refused() {
+        let twice = format!(
+            "[[token]]\nid = \"a\"\ntenant = \"acme\"\nsha256 = \"{h}\"\n\n\
+             [[token]]\nid = \"b\"\ntenant = \"globex\"\nsha256 = \"{h}\"\n",
+            h = hash_hex("token-a")
+        );
+        let e = Tokens::parse(&twice, &known()).expect_err("one hash, two callers");
+        assert!(
+            e.contains("token[1] (\"b\")") && e.contains("the same sha256 as token \"a\""),
+            "{e}"
         );
     }
 

@@ -194,6 +194,10 @@ async fn the_api_answers_each_case_with_its_status_and_code() {
     let mut limited = gw.client(TOKEN_LIMITED.token).await;
     let f = limited.submit("email.send", &body(2, "email.send")).await;
     assert_eq!((f.status, f.code()), (403, "forbidden_action_type"));
+    // Issue 43: a restricted token learns nothing about the action types it may not use
+    // (it got 404 `unknown_action_type` here, 403 for a configured one).
+    let f = limited.submit("nope.nope", &body(2, "email.send")).await;
+    assert_eq!((f.status, f.code()), (403, "forbidden_action_type"));
     assert_eq!(
         limited
             .submit("ticket.create", &body(2, "ticket.create"))
