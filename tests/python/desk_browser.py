@@ -189,7 +189,7 @@ def main():
         # A post without the session's CSRF token, and one from another site, are refused
         # (the browser's session cookie, sent by a plain HTTP client).
         cookies = {c["name"]: c["value"] for c in d.get_cookies()}
-        check("oncely_desk" in cookies, f"the session cookie: {list(cookies)}")
+        check("__Host-oncely_desk" in cookies, f"the __Host- session cookie: {list(cookies)}")
         with httpx.Client(base_url=URL, cookies=cookies, follow_redirects=False) as c:
             good_csrf = d.find_element(By.CSS_SELECTOR, "form.who input[name=csrf]").get_attribute("value")
             form = {"decision": "failed", "note": "forged"}

@@ -28,7 +28,8 @@
 //! MAC is HMAC-SHA256 under the gateway's session key over the id, the expiry and the
 //! reviewer's token hash: a cookie stops working when it expires, when the session key
 //! changes, and when the reviewer's entry is removed or given a new token. The cookie is
-//! `HttpOnly`, `SameSite=Strict` and (unless turned off for plain-HTTP tests) `Secure`.
+//! `HttpOnly`, `SameSite=Strict` and (unless turned off for plain-HTTP tests) `Secure`
+//! under the `__Host-` prefix.
 //! Every form carries a CSRF token, an HMAC of the session cookie under the same key, and
 //! a `POST` whose `Origin` names another host is refused whatever it carries.
 
@@ -41,8 +42,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 type HmacSha256 = hmac::Hmac<Sha256>;
 
-/// The session cookie's name.
-pub const COOKIE: &str = "oncely_desk";
+/// The session cookie's name over HTTPS. The `__Host-` prefix makes browsers accept it
+/// only with `Secure`, `Path=/` and no `Domain`: a sibling subdomain or a plain-HTTP page
+/// cannot plant or overwrite it (RFC 6265bis).
+pub const COOKIE: &str = "__Host-oncely_desk";
+/// Its name with `--desk-insecure-cookie` (plain-HTTP set-ups such as tests): browsers
+/// refuse a `__Host-` cookie without `Secure`.
+pub const INSECURE_COOKIE: &str = "oncely_desk";
 
 /// What a reviewer may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -236,7 +242,8 @@ impl Sessions {
     }
 
     fn mac(&self, parts: &[&[u8]]) -> HmacSha256 {
-        let mut m = <HmacSha256 as KeyInit>::new_from_slice(&self.key).expect("any key length");
+        let mut m = <HmacSha256 as KeyInit>::new_from_slice(&self.key)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
         for p in parts {
             m.update(&(p.len() as u64).to_be_bytes());
             m.update(p);

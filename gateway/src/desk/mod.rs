@@ -28,7 +28,7 @@ mod signin;
 use signin::{cross_site, login, login_page, logout, same_origin, session, who};
 
 use askama::Template;
-use auth::{COOKIE, DeskRole, Reviewer, Reviewers, Sessions};
+use auth::{DeskRole, Reviewer, Reviewers, Sessions};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -121,7 +121,8 @@ impl Desk {
 
 /// The desk's routes (under `/desk`).
 pub fn router(desk: Arc<Desk>) -> Router {
-    Router::new()
+    let secure = desk.secure_cookie;
+    let router = Router::new()
         .route("/desk", get(|| async { Redirect::to("/desk/reviews") }))
         .route("/desk/", get(|| async { Redirect::to("/desk/reviews") }))
         .route("/desk/desk.css", get(css))
@@ -135,7 +136,22 @@ pub fn router(desk: Arc<Desk>) -> Router {
         .route("/desk/approvals/{key}/decide", post(approvals::decide))
         .layer(DefaultBodyLimit::max(32 * 1024))
         .layer(axum::middleware::map_response(security_headers))
-        .with_state(desk)
+        .with_state(desk);
+    // Served over HTTPS (directly or behind a proxy: the `Secure` cookie says so): tell
+    // browsers never to use plain HTTP for this host again (a year; RFC 6797).
+    if secure {
+        router.layer(axum::middleware::map_response(hsts))
+    } else {
+        router
+    }
+}
+
+async fn hsts(mut r: Response) -> Response {
+    r.headers_mut().insert(
+        header::STRICT_TRANSPORT_SECURITY,
+        HeaderValue::from_static("max-age=31536000"),
+    );
+    r
 }
 
 type St = State<Arc<Desk>>;

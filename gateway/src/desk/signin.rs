@@ -3,21 +3,31 @@
 
 use super::*;
 
+/// The session cookie's name on this desk.
+fn cookie_name(desk: &Desk) -> &'static str {
+    if desk.secure_cookie {
+        auth::COOKIE
+    } else {
+        auth::INSECURE_COOKIE
+    }
+}
+
 /// The session cookie's value, if the request carries one.
-pub(super) fn cookie(headers: &HeaderMap) -> Option<&str> {
+pub(super) fn cookie<'h>(desk: &Desk, headers: &'h HeaderMap) -> Option<&'h str> {
+    let name = cookie_name(desk);
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .find(|(n, _)| *n == name)
         .map(|(_, value)| value)
 }
 
 /// The signed-in reviewer with the session's cookie value.
 pub(super) fn session(desk: &Desk, headers: &HeaderMap) -> Option<(String, Reviewer)> {
-    let value = cookie(headers)?;
+    let value = cookie(desk, headers)?;
     let r = desk.sessions.check(&desk.reviewers, value)?;
     Some((value.to_owned(), r))
 }
@@ -59,9 +69,15 @@ pub(super) fn cross_site() -> Response {
 }
 
 pub(super) fn set_cookie(desk: &Desk, value: &str, max_age: u64) -> HeaderValue {
-    let secure = if desk.secure_cookie { "; Secure" } else { "" };
+    let name = cookie_name(desk);
+    // `__Host-` requires `Path=/`; the plain-HTTP cookie stays under /desk.
+    let (path, secure) = if desk.secure_cookie {
+        ("/", "; Secure")
+    } else {
+        ("/desk", "")
+    };
     HeaderValue::from_str(&format!(
-        "{COOKIE}={value}; Path=/desk; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}"
+        "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}"
     ))
     .unwrap_or_else(|_| HeaderValue::from_static("oncely_desk=; Path=/desk; Max-Age=0"))
 }
@@ -130,7 +146,7 @@ pub(super) async fn logout(
     if !same_origin(&headers) {
         return cross_site();
     }
-    if let Some(value) = cookie(&headers)
+    if let Some(value) = cookie(&desk, &headers)
         && !desk.sessions.csrf_ok(value, &f.csrf)
     {
         return message(
