@@ -170,3 +170,123 @@ async fn a_worker_without_a_key_secret_refuses_to_start() {
         "it should run"
     );
 }
+
+/// One raw HTTP/1.1 exchange (`Connection: close`): the head of the answer.
+async fn raw_head(port: u16, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.expect("read");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    text.split("\r\n\r\n").next().unwrap_or_default().to_owned()
+}
+
+/// The desk's session cookie is `__Host-` (Secure, `Path=/`, no Domain: a sibling
+/// subdomain or a plain-HTTP page cannot plant or overwrite it) and its pages say HSTS.
+/// Before: `oncely_desk=…; Path=/desk; …; Secure`, no `Strict-Transport-Security`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_desk_cookie_is_host_prefixed_and_pages_say_hsts() {
+    let fleet = fleet().await;
+    let reviewers = fleet.dir.join("reviewers.toml");
+    std::fs::write(
+        &reviewers,
+        format!(
+            "[[reviewer]]\nid = \"alice\"\nsha256 = \"{}\"\nrole = \"decide\"\n",
+            oncely_gateway::tokens::hash_hex("ocr_alice-decides")
+        ),
+    )
+    .expect("reviewers file");
+    let reviewers = reviewers.to_string_lossy().into_owned();
+    let gw = Gateway::start_with(
+        &fleet,
+        &[TOKEN_A],
+        &[],
+        &["--desk-reviewers-file", &reviewers],
+    )
+    .await;
+    let form = "token=ocr_alice-decides";
+    let head = raw_head(
+        gw.port,
+        &format!(
+            "POST /desk/login HTTP/1.1\r\nHost: 127.0.0.1:{p}\r\nOrigin: http://127.0.0.1:{p}\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{form}",
+            form.len(),
+            p = gw.port
+        ),
+    )
+    .await;
+    let lower = head.to_ascii_lowercase();
+    let cookie = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .unwrap_or_else(|| panic!("no cookie:\n{head}"));
+    assert!(
+        cookie.starts_with("__host-oncely_desk=")
+            && cookie.contains("path=/;")
+            && cookie.contains("secure")
+            && !cookie.contains("domain="),
+        "{head}"
+    );
+    assert!(
+        lower.contains("strict-transport-security: max-age=31536000"),
+        "{head}"
+    );
+}
+
+/// Consumers of `queue` (passive declare on a fresh channel: a missing queue closes it).
+async fn consumers_of(fleet: &Fleet, queue: &str) -> Option<u32> {
+    let ch = fleet.conn.create_channel().await.ok()?;
+    let q = ch
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .ok()?;
+    let _ = ch.close(200, "done".into()).await;
+    Some(q.consumer_count())
+}
+
+/// A consumer whose stream ends (here: its queue deleted, as docs/operations.md tells
+/// operators to do with a quorum queue that answers 541) ended that action type silently
+/// before: the worker's other consumers kept the session alive, nothing consumed the
+/// queue again. Now the session starts again, declares the queue and consumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_ends_restarts_the_session_instead_of_going_quiet() {
+    use oncely_tests::eventually;
+    use std::time::Duration;
+    let fleet = Fleet::new().await;
+    let _w = fleet.worker();
+    let queue = fleet.topology().action_queue("ticket.create");
+    eventually("the worker consumes", Duration::from_secs(30), || async {
+        consumers_of(&fleet, &queue).await.filter(|n| *n >= 1)
+    })
+    .await;
+    fleet
+        .channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .expect("delete");
+    eventually(
+        "the worker declares the queue again and consumes it",
+        Duration::from_secs(30),
+        || async { consumers_of(&fleet, &queue).await.filter(|n| *n >= 1) },
+    )
+    .await;
+    let producer = fleet.producer().await;
+    producer
+        .enqueue(oncely_tests::sample_intent("ticket.create", 1))
+        .await
+        .expect("enqueue");
+    eventually("the ticket is created", Duration::from_secs(30), || async {
+        (fleet.count("succeeded").await == 1).then_some(())
+    })
+    .await;
+}

@@ -93,10 +93,17 @@ impl Acks {
                     1
                 };
                 metrics::histogram!(m::ACK_BATCH_SIZE).record(n as f64);
-                let d = deliveries
-                    .iter()
-                    .find(|d| d.delivery_tag == f.tag)
-                    .expect("a frame names one of the deliveries it acks");
+                // `plan` names only tags it was given; were that ever broken, this frame
+                // is skipped (RabbitMQ redelivers what stays unacked when the channel
+                // ends, and the journal dedupes) rather than killing the commit loop.
+                let Some(d) = deliveries.iter().find(|d| d.delivery_tag == f.tag) else {
+                    tracing::error!(
+                        tag = f.tag,
+                        multiple = f.multiple,
+                        "an ack frame names no delivery of this batch; skipped (a bug: please report it)"
+                    );
+                    continue;
+                };
                 let result = d
                     .acker
                     .ack(BasicAckOptions {

@@ -42,34 +42,49 @@ pub(super) struct Invalid {
 /// The consumers of a session (channel and tag), to cancel at shutdown.
 pub(super) struct Consumers(Vec<(Channel, String)>);
 
-/// One consumer per action queue, all feeding one bounded stream.
+/// One consumer per action queue, all feeding one bounded stream; and a stream that
+/// names each action type whose consumer ended (its queue deleted, its channel closed,
+/// a `basic.cancel` from the broker) — the session must end then and start again, or that
+/// action type would silently stop being consumed while the others go on.
 pub(super) async fn consume(
     ctx: &Context,
     broker: &Session,
     acks: &Arc<Acks>,
-) -> anyhow::Result<(Consumers, mpsc::Receiver<Incoming>)> {
+) -> anyhow::Result<(
+    Consumers,
+    mpsc::Receiver<Incoming>,
+    mpsc::Receiver<Arc<str>>,
+)> {
     let prefetch = ctx.config.worker.prefetch;
     let (tx, rx) = mpsc::channel(usize::from(prefetch) * ctx.config.actions.len().max(1));
+    let (ended_tx, ended_rx) = mpsc::channel(ctx.config.actions.len().max(1));
     let mut consumers = Vec::new();
     for action in ctx.action_types() {
         let tag = format!("{}#{action}", ctx.owner);
         let queue = ctx.topology.action_queue(action);
         let (ch, consumer) = broker.consume(&queue, &tag, prefetch).await?;
-        tokio::spawn(forward(consumer, action.into(), acks.clone(), tx.clone()));
+        let forwarding = forward(consumer, action.into(), acks.clone(), tx.clone());
+        let ended = ended_tx.clone();
+        tokio::spawn(async move {
+            let action = forwarding.await;
+            // Nobody listens once the session is ending: that is fine.
+            let _ = ended.try_send(action);
+        });
         consumers.push((ch, tag));
     }
     tracing::info!(owner = %ctx.owner, queues = consumers.len(), "worker consuming");
-    Ok((Consumers(consumers), rx))
+    Ok((Consumers(consumers), rx, ended_rx))
 }
 
 /// Forward one queue's deliveries until the consumer or the stream ends; each is held
 /// in the ledger before it is handed on (in tag order, which `multiple` acks rely on).
+/// Returns the action type, when it ends.
 async fn forward(
     mut consumer: Consumer,
     action: Arc<str>,
     acks: Arc<Acks>,
     tx: mpsc::Sender<Incoming>,
-) {
+) -> Arc<str> {
     while let Some(d) = consumer.next().await {
         match d {
             Ok(delivery) => {
@@ -88,6 +103,7 @@ async fn forward(
             }
         }
     }
+    action
 }
 
 /// A batch that starts with `first`: what is already buffered, up to `max`, and, for a

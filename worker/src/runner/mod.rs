@@ -57,7 +57,7 @@ pub async fn run(ctx: Context, shutdown: Shutdown) -> anyhow::Result<()> {
 async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
     let broker = Session::open(ctx).await?;
     let acks = Arc::new(acks::Acks::default());
-    let (consumers, mut rx) = intake::consume(ctx, &broker, &acks).await?;
+    let (consumers, mut rx, mut ended) = intake::consume(ctx, &broker, &acks).await?;
     let w = &ctx.config.worker;
     let batch_max = w.batch.min(w.max_in_flight).max(1);
     let sem = Arc::new(Semaphore::new(w.max_in_flight));
@@ -73,6 +73,12 @@ async fn session(ctx: &Context, mut shutdown: Shutdown) -> anyhow::Result<()> {
         tokio::select! {
             biased;
             _ = shutdown.wait() => break false,
+            Some(action) = ended.recv() => {
+                // Its queue was deleted or its channel closed: start the session again
+                // (it declares the topology and consumes every queue anew).
+                tracing::error!(action = %action, "the consumer of this action type ended; reconnecting");
+                break true;
+            }
             first = rx.recv() => {
                 let Some(first) = first else { break true };
                 let batch = intake::fill_batch(&mut rx, first, batch_max, w.linger).await;
