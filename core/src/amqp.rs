@@ -277,10 +277,13 @@ impl AmqpConnector {
                 Err(e) => tried.push(e),
             }
         }
-        if n == 1 {
-            return Err(tried.pop().expect("one node tried"));
+        match (n, tried.pop()) {
+            (1, Some(only)) => Err(only),
+            (_, last) => {
+                tried.extend(last);
+                Err(AmqpError::AllNodes { tried })
+            }
         }
-        Err(AmqpError::AllNodes { tried })
     }
 
     async fn connect_node(&self, node: &Node, name: &str) -> Result<lapin::Connection, AmqpError> {

@@ -21,6 +21,10 @@
 //! - [`tls`]: certificate files and TLS failures in words (Postgres and RabbitMQ).
 //! - [`topology`]: RabbitMQ names and declarations.
 
+// A panic is a lost delivery slot, a dead commit loop or a dropped request: shipped code
+// returns errors (tests may expect; clippy.toml).
+#![warn(clippy::expect_used)]
+
 pub mod amqp;
 pub mod approval;
 pub mod canonical;

@@ -15,6 +15,10 @@
 //! - [`client_keys`]: the optional `Idempotency-Key` header.
 //! - [`cli`]: the `oncely-gateway` command.
 
+// A panic is a lost delivery slot, a dead commit loop or a dropped request: shipped code
+// returns errors (tests may expect; clippy.toml).
+#![warn(clippy::expect_used)]
+
 pub mod cli;
 pub mod client_keys;
 pub mod coalesce;

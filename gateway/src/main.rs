@@ -1,5 +1,9 @@
 //! `oncely-gateway`: see `oncely-gateway --help`.
 
+// A panic is a lost delivery slot, a dead commit loop or a dropped request: shipped code
+// returns errors (tests may expect; clippy.toml).
+#![warn(clippy::expect_used)]
+
 use clap::Parser;
 
 #[tokio::main]

@@ -13,6 +13,10 @@
 //! - [`cli`]: the `oncely-producer` command.
 //! - [`watch`]: waiting for outcomes, woken by the outcomes exchange.
 
+// A panic is a lost delivery slot, a dead commit loop or a dropped request: shipped code
+// returns errors (tests may expect; clippy.toml).
+#![warn(clippy::expect_used)]
+
 pub mod cli;
 pub mod producer;
 pub mod watch;

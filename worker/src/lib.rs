@@ -18,6 +18,10 @@
 //!   own build turns on the `failpoints` feature).
 //! - [`cli`]: the `oncely-worker` command.
 
+// A panic is a lost delivery slot, a dead commit loop or a dropped request: shipped code
+// returns errors (tests may expect; clippy.toml).
+#![warn(clippy::expect_used)]
+
 pub mod admin;
 pub mod broker;
 pub mod cli;
