@@ -243,7 +243,7 @@ pub fn api(
         .with_state(service.clone())
         .merge(crate::mcp::router_with_config(
             service,
-            mcp_config(mcp_hosts),
+            mcp_config(mcp_hosts, max_body_bytes),
         ));
     match desk {
         Some(desk) => api.merge(crate::desk::router(desk)),
@@ -252,8 +252,13 @@ pub fn api(
     .layer(middleware::from_fn(count))
 }
 
-fn mcp_config(hosts: &[String]) -> rmcp::transport::StreamableHttpServerConfig {
-    let config = rmcp::transport::StreamableHttpServerConfig::default();
+fn mcp_config(
+    hosts: &[String],
+    max_body_bytes: usize,
+) -> rmcp::transport::StreamableHttpServerConfig {
+    // The same body limit as the HTTP API (rmcp's own default is 4 MiB).
+    let config = rmcp::transport::StreamableHttpServerConfig::default()
+        .with_max_request_body_bytes(max_body_bytes);
     if hosts.is_empty() {
         return config;
     }
@@ -330,7 +335,7 @@ fn links(key: &str) -> Links {
         (status = 403, description = "The token may not enqueue this action type", body = ErrorAnswer),
         (status = 404, description = "No such action type", body = ErrorAnswer),
         (status = 409, description = "A request with this Idempotency-Key is still being recorded", body = ErrorAnswer),
-        (status = 413, description = "Body too large", body = ErrorAnswer),
+        (status = 413, description = "`payload_too_large`: the body is over the limit, or the action as published would be over the workers' message limit; nothing was recorded", body = ErrorAnswer),
         (status = 422, description = "`conflict`: the same identity was requested with another payload (nothing executed); `idempotency_key_reused`", body = ErrorAnswer),
         (status = 429, description = "`rate_limited`: over the token's or the tenant's quota; nothing was recorded (headers `Retry-After`, `RateLimit`, `RateLimit-Policy`); retrying after the wait is safe", body = ErrorAnswer),
         (status = 503, description = "Postgres or RabbitMQ is down (header `Retry-After`); retrying is safe", body = ErrorAnswer)

@@ -892,6 +892,14 @@ fn invalid_intent(e: &EnvelopeError) -> ApiError {
         EnvelopeError::Key(_) => Some("payload".to_owned()),
         _ => None,
     };
+    if let EnvelopeError::TooLarge { .. } = e {
+        return ApiError::new(
+            413,
+            "payload_too_large",
+            format!("the action's message would be too large for the workers: {e}"),
+        )
+        .at("/payload");
+    }
     let err = ApiError::new(400, "invalid_request", e.to_string());
     match field {
         Some(f) => err.at(format!("/{f}")),

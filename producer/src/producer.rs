@@ -213,8 +213,9 @@ impl Producer {
     fn seal_all(&self, intents: Vec<Intent>) -> (Vec<Slot>, Vec<(usize, Envelope)>) {
         let mut results: Vec<Slot> = Vec::with_capacity(intents.len());
         let mut sealed: Vec<(usize, Envelope)> = Vec::with_capacity(intents.len());
+        let limit = self.config.worker.max_message_bytes;
         for (i, intent) in intents.into_iter().enumerate() {
-            match intent.seal(&self.secret) {
+            match intent.seal(&self.secret).and_then(|e| fits(e, limit)) {
                 Ok(e) => {
                     sealed.push((i, e));
                     results.push(None);
@@ -448,4 +449,17 @@ async fn timed<T>(statement: &'static str, f: impl std::future::Future<Output = 
     metrics::histogram!(m::JOURNAL_STATEMENT_SECONDS, "statement" => statement)
         .record(start.elapsed().as_secs_f64());
     out
+}
+
+/// `e` when its message fits the workers' limit (`worker.max_message_bytes`). Measured
+/// on the envelope as published, not on the caller's body: re-serialising can grow a
+/// payload (`9e15` is written back as `9000000000000000.0`), and a message over the limit
+/// would be dead-lettered by every worker while its `planned` row was republished by the
+/// sweeper forever. Refused before anything is recorded.
+fn fits(e: Envelope, limit: usize) -> Result<Envelope, EnvelopeError> {
+    let size = e.to_bytes().len();
+    if size > limit {
+        return Err(EnvelopeError::TooLarge { size, limit });
+    }
+    Ok(e)
 }

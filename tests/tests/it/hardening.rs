@@ -290,3 +290,83 @@ async fn a_consumer_that_ends_restarts_the_session_instead_of_going_quiet() {
     })
     .await;
 }
+
+/// Workers take messages of at most 4 KiB here (the HTTP body limit stays 64 KiB).
+fn with_small_messages(config: &mut oncely_core::config::Config) {
+    with_email_schema(config);
+    config.worker.max_message_bytes = 4096;
+}
+
+/// A body the gateway accepts can grow when it is written back as the envelope (`9e15`
+/// is `9000000000000000.0`). Before: `202`, recorded `planned`, dead-lettered `too_large`
+/// by every worker and republished by the sweeper forever. Now `413 payload_too_large`
+/// and nothing recorded. MCP bodies had rmcp's 4 MiB limit instead of `--max-body-bytes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_grow_past_the_message_limit_are_refused_before_recording() {
+    let fleet = Fleet::with(FleetOptions {
+        configure: Some(with_small_messages),
+        ..FleetOptions::default()
+    })
+    .await;
+    let gw = Gateway::start(&fleet, &[TOKEN_A]).await;
+    let mut agent = gw.client(TOKEN_A.token).await;
+    let numbers = vec!["9e15"; 300].join(",");
+    let body = format!(
+        r#"{{"workflow_id":"w","step":"s","business_object":"o","revision":1,"payload":{{"title":"t","n":[{numbers}]}}}}"#
+    );
+    assert!(
+        body.len() < 4096,
+        "the body itself is small: {}",
+        body.len()
+    );
+    let r = agent
+        .request("POST", "/v1/actions/ticket.create", &[], body.into_bytes())
+        .await;
+    assert_eq!(
+        (r.status, r.code()),
+        (413, "payload_too_large"),
+        "{}",
+        r.body
+    );
+    assert_eq!(fleet.count("planned").await, 0, "nothing recorded");
+    // MCP: the same --max-body-bytes (65536 in these tests), not rmcp's 4 MiB.
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"x","version":"1","pad":"{}"}}}}}}"#,
+        "x".repeat(100_000)
+    );
+    let r = agent.request("POST", "/mcp", &[], big.into_bytes()).await;
+    assert_eq!(r.status, 413, "{:?}", r.body);
+}
+
+/// An authentic message over the limit (an older producer, a raw publisher) is claimed
+/// and settled `failed_final` (`too_large`), never sent; before, it was dead-lettered
+/// without touching the journal, so a `planned` row stayed to be republished forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authentic_oversized_message_is_settled_not_dead_lettered_forever() {
+    use oncely_tests::eventually;
+    use std::time::Duration;
+    let fleet = Fleet::with(FleetOptions {
+        configure: Some(with_small_messages),
+        ..FleetOptions::default()
+    })
+    .await;
+    let _w = fleet.worker();
+    let intent = oncely_core::Intent::from_json(serde_json::json!({
+        "action_type": "ticket.create", "workflow_id": "w", "step": "s",
+        "business_object": "big", "revision": 1,
+        "payload": {"title": "x".repeat(6000)}
+    }))
+    .expect("intent");
+    let env = intent.seal(&oncely_tests::fleet::secret()).expect("seal");
+    let key = env.key.clone();
+    fleet.publish_raw("ticket.create", &env.to_bytes()).await;
+    let op = eventually("the row is settled", Duration::from_secs(30), || async {
+        fleet
+            .op(&key)
+            .await
+            .filter(|o| o.status == oncely_core::Status::FailedFinal)
+    })
+    .await;
+    assert_eq!(op.last_error_code.as_deref(), Some("too_large"));
+    assert_eq!(fleet.sandbox.effects().count(key.as_str()), 0, "never sent");
+}

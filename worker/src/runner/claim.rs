@@ -232,7 +232,11 @@ fn dispatch(
 
 /// Call the provider for a won claim and classify the answer.
 async fn call(ctx: &Context, v: Valid, claim: Claim, claimed_at: Instant) -> Finished {
-    let Valid { inc, mut env } = v;
+    let Valid {
+        inc,
+        mut env,
+        oversize,
+    } = v;
     if env.key != claim.key {
         // The row was recorded under another secret of the key ring: the provider must
         // see the key of the first attempt.
@@ -250,7 +254,12 @@ async fn call(ctx: &Context, v: Valid, claim: Claim, claimed_at: Instant) -> Fin
         .providers
         .get(&policy.provider)
         .map_or(Duration::from_secs(5), |p| p.timeout());
-    let outcome = if let Err(v) = ctx.schemas.check(
+    let outcome = if oversize {
+        tracing::warn!(key = %env.key, action_type = %env.intent.identity.action_type, limit = ctx.config.worker.max_message_bytes, "the message is over worker.max_message_bytes; nothing was sent");
+        Outcome::Rejected {
+            code: "too_large".into(),
+        }
+    } else if let Err(v) = ctx.schemas.check(
         env.intent.identity.action_type.as_str(),
         &env.intent.payload,
     ) {

@@ -30,7 +30,16 @@ pub(super) struct Incoming {
 pub(super) struct Valid {
     pub inc: Incoming,
     pub env: Envelope,
+    /// Over `worker.max_message_bytes`, but authentic: claimed and settled
+    /// `failed_final` (`too_large`), never sent — so its journal row is closed instead of
+    /// being republished by the sweeper and dead-lettered again forever.
+    pub oversize: bool,
 }
+
+/// How large an over-limit message may be for the worker still to read its key and
+/// settle its row (RabbitMQ already holds it in memory; beyond this it is only
+/// dead-lettered).
+const OVERSIZE_READ_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Why a delivery cannot be executed: the dead-letter reason header and its detail.
 #[derive(Debug, PartialEq, Eq)]
@@ -162,8 +171,20 @@ pub(super) async fn validate(
             ctx.secret.as_ref(),
             known,
         );
+        let checked = match checked {
+            Err(why) if why.reason == "too_large" => check(
+                &inc.delivery.data,
+                &inc.action,
+                OVERSIZE_READ_LIMIT,
+                ctx.secret.as_ref(),
+                known,
+            )
+            .map(|env| (env, true))
+            .map_err(|_| why),
+            other => other.map(|env| (env, false)),
+        };
         match checked {
-            Ok(env) => valid.push(Valid { inc, env }),
+            Ok((env, oversize)) => valid.push(Valid { inc, env, oversize }),
             Err(why) => {
                 effects::dead_letter(ctx, publisher, acks, inc, why.reason, &why.detail).await
             }
