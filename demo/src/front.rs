@@ -44,12 +44,8 @@ pub async fn start(config: &Config, secret: &KeyRing) -> anyhow::Result<std::net
     let service = oncely_gateway::Service::connect(config.clone(), secret.clone(), tokens).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let app = oncely_gateway::http::api(
-        service,
-        oncely_gateway::http::DEFAULT_MAX_BODY_BYTES,
-        &[],
-        None,
-    );
+    let app =
+        oncely_gateway::http::api(service, &oncely_gateway::http::ApiSettings::default(), None);
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(addr)
 }

@@ -36,7 +36,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the HTTP API and /mcp, and the ops listener (/healthz, /readyz, /metrics).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Serve the MCP tools on stdin/stdout for a desktop agent host.
     Mcp {
         /// Speak MCP on stdio (the only transport of this subcommand; /mcp is on `serve`).
@@ -93,9 +93,30 @@ pub struct ServeArgs {
     /// The tokens file (hashed tokens, tenants, allowed action types; see docs/gateway.md).
     #[arg(long, env = "ONCELY_GATEWAY_TOKENS_FILE")]
     pub tokens_file: PathBuf,
-    /// Largest request body, in bytes.
+    /// Largest request body, in bytes (the API and /mcp).
     #[arg(long, default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Connections the API listener serves at once; more wait in the kernel's backlog.
+    #[arg(long, env = "ONCELY_GATEWAY_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers, counted from when its connection
+    /// is ready for the next request (so also how long a keep-alive connection may idle).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// Time to read a /v1 request's body and answer it (a long-poll's `?wait=` is added):
+    /// otherwise `408 request_timeout`.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Long-polls (`?wait=`, MCP `action_wait`) one token may have open at once; more
+    /// get `429 too_many_waits`.
+    #[arg(long, default_value_t = crate::limits::Caps::default().waits_per_token)]
+    pub max_waits_per_token: usize,
+    /// Long-polls open at once, all tokens together.
+    #[arg(long, default_value_t = crate::limits::Caps::default().waits)]
+    pub max_waits: usize,
+    /// Live MCP sessions per token; more initializations get `429 too_many_sessions`.
+    #[arg(long, default_value_t = crate::limits::Caps::default().mcp_sessions_per_token)]
+    pub max_mcp_sessions_per_token: usize,
     /// A `Host` name /mcp accepts besides loopback (repeat; e.g. the gateway's public
     /// name). Others are refused with 403 (DNS-rebinding protection of the MCP SDK).
     #[arg(long = "mcp-allowed-host")]
@@ -224,7 +245,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             crate::mcp::serve_stdio(service, caller).await?;
             Ok(0)
         }
-        Command::Serve(args) => serve(cli.config, args).await,
+        Command::Serve(args) => serve(cli.config, *args).await,
     }
 }
 
@@ -262,12 +283,22 @@ async fn serve(config_path: Option<PathBuf>, args: ServeArgs) -> anyhow::Result<
             tracing::error!(error = %e, "ops listener stopped");
         }
     });
-    axum::serve(
-        api,
-        crate::http::api(service, args.max_body_bytes, &args.mcp_allowed_hosts, desk),
-    )
-    .with_graceful_shutdown(shutdown())
-    .await?;
+    let settings = crate::http::ApiSettings {
+        max_body_bytes: args.max_body_bytes,
+        request_timeout: args.request_timeout,
+        mcp_hosts: args.mcp_allowed_hosts.clone(),
+        caps: crate::limits::Caps {
+            waits_per_token: args.max_waits_per_token,
+            waits: args.max_waits,
+            mcp_sessions_per_token: args.max_mcp_sessions_per_token,
+        },
+    };
+    let app = crate::http::api(service, &settings, desk);
+    let limits = crate::listener::Limits {
+        max_connections: args.max_connections,
+        header_read_timeout: args.header_read_timeout,
+    };
+    crate::listener::serve(api, app, limits, shutdown()).await;
     Ok(0)
 }
 

@@ -26,6 +26,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
 /// Default request body limit (bytes): leaves room for the envelope around the payload
 /// within the worker's 256 KiB message limit.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 192 * 1024;
+/// Default time to read a `/v1` request and answer it (`--request-timeout`).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The response header that marks a replay (a duplicate's saved answer).
 pub const REPLAYED: &str = "idempotent-replayed";
 
@@ -171,13 +173,18 @@ impl IntoResponse for ApiError {
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = v.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        // Authenticated already by [`authenticate_first`] (the `/v1` routes).
+        if let Some(caller) = parts.extensions.get::<Caller>() {
+            return Ok(caller.clone());
+        }
         bearer(&parts.headers)
             .and_then(|t| state.authenticate(t))
             .ok_or_else(|| {
@@ -214,14 +221,46 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The `/v1` API, `/openapi.json` and the MCP endpoint (`/mcp`). `mcp_hosts`: the `Host`
-/// names `/mcp` accepts besides loopback (rmcp refuses others: DNS rebinding).
+/// How the API is served (`serve`'s flags).
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    /// Largest request body (the API and `/mcp`).
+    pub max_body_bytes: usize,
+    /// Time to read a `/v1` request and answer it (plus its `?wait=`).
+    pub request_timeout: Duration,
+    /// The `Host` names `/mcp` accepts besides loopback (rmcp refuses others: DNS
+    /// rebinding).
+    pub mcp_hosts: Vec<String>,
+    /// What one token may hold open.
+    pub caps: crate::limits::Caps,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            mcp_hosts: Vec::new(),
+            caps: crate::limits::Caps::default(),
+        }
+    }
+}
+
+/// The `/v1` API, `/openapi.json` and the MCP endpoint (`/mcp`), served as `settings`
+/// say.
 pub fn api(
     service: AppState,
-    max_body_bytes: usize,
-    mcp_hosts: &[String],
+    settings: &ApiSettings,
     desk: Option<Arc<crate::desk::Desk>>,
 ) -> axum::Router {
+    let ApiSettings {
+        max_body_bytes,
+        request_timeout,
+        mcp_hosts,
+        caps,
+    } = settings;
+    let (max_body_bytes, request_timeout) = (*max_body_bytes, *request_timeout);
+    service.waits.set(caps.waits_per_token, caps.waits);
     use axum::routing::get;
     // The desk's approval decisions publish through the API's producer.
     if let Some(d) = &desk {
@@ -229,7 +268,7 @@ pub fn api(
     }
     // One parameter name per position (the router's rule): `{id}` is the action type for
     // POST and the key for GET; the document names them `{action_type}` and `{key}`.
-    let api = axum::Router::new()
+    let v1 = axum::Router::new()
         .route(
             "/v1/actions/{id}",
             axum::routing::post(submit).get(get_action),
@@ -238,12 +277,23 @@ pub fn api(
         .route("/v1/actions/{id}/approve", axum::routing::post(approve))
         .route("/v1/actions/{id}/reject", axum::routing::post(reject))
         .route("/v1/action-types", get(action_types))
+        // The token before anything else: an unauthenticated body is never read.
+        .route_layer(middleware::from_fn_with_state(
+            service.clone(),
+            authenticate_first,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            request_timeout,
+            within_deadline,
+        ));
+    let api = v1
         .route("/openapi.json", get(|| async { Json(openapi()) }))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(service.clone())
         .merge(crate::mcp::router_with_config(
             service,
             mcp_config(mcp_hosts, max_body_bytes),
+            caps.mcp_sessions_per_token,
         ));
     match desk {
         Some(desk) => api.merge(crate::desk::router(desk)),
@@ -270,6 +320,48 @@ fn mcp_config(
 /// The OpenAPI document (what `/openapi.json` serves).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
+}
+
+/// 401 before the body is read (the handlers' own extractors would read it first), the
+/// caller put where the [`Caller`] extractor finds it.
+async fn authenticate_first(
+    State(service): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    match bearer(req.headers()).and_then(|t| service.authenticate(t)) {
+        Some(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        None => ApiError::new(
+            401,
+            "unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required",
+        )
+        .into_response(),
+    }
+}
+
+/// A request must be read and answered within `timeout` — plus its `?wait=` (at most
+/// [`crate::service::MAX_WAIT`]): a client that trickles its body holds a connection and
+/// a task for no longer than that. `408 request_timeout`.
+async fn within_deadline(State(timeout): State<Duration>, req: Request, next: Next) -> Response {
+    let waits = req.uri().query().is_some_and(|q| q.contains("wait="));
+    let deadline = if waits {
+        timeout + crate::service::MAX_WAIT
+    } else {
+        timeout
+    };
+    match tokio::time::timeout(deadline, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::new(
+            408,
+            "request_timeout",
+            format!("the request was not received and answered within {deadline:?}"),
+        )
+        .into_response(),
+    }
 }
 
 /// Count requests by route and status, and time them.

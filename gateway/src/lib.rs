@@ -24,6 +24,8 @@ pub mod client_keys;
 pub mod coalesce;
 pub mod desk;
 pub mod http;
+pub mod limits;
+pub mod listener;
 pub mod mcp;
 pub mod quota;
 pub mod service;

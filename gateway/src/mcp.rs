@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header, request::Parts};
+use axum::http::{StatusCode, header, request::Parts};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use rmcp::model::{
@@ -100,7 +100,7 @@ impl OncelyMcp {
             .and_then(|p| p.extensions.get::<Caller>().cloned())
             .or_else(|| {
                 parts
-                    .and_then(|p| bearer_token(&p.headers))
+                    .and_then(|p| crate::http::bearer(&p.headers))
                     .and_then(|t| self.service.authenticate(t))
             })
             .ok_or_else(|| McpError::invalid_request("not authenticated", None))
@@ -317,26 +317,112 @@ impl ServerHandler for OncelyMcp {
 /// Uses rmcp's default config, whose DNS-rebinding protection accepts only
 /// loopback `Host` headers; use [`router_with_config`] in deployments.
 pub fn router(service: Arc<Service>) -> axum::Router {
-    router_with_config(service, StreamableHttpServerConfig::default())
+    router_with_config(
+        service,
+        StreamableHttpServerConfig::default(),
+        crate::limits::Caps::default().mcp_sessions_per_token,
+    )
 }
 
-/// Like [`router`] with an explicit rmcp config, e.g.
-/// `StreamableHttpServerConfig::default().with_allowed_hosts(["gw.example.com"])`
-/// (or `.disable_allowed_hosts()` behind a trusted proxy) and
-/// `.with_cancellation_token(shutdown)` so open SSE streams end on shutdown.
+/// [`router`] with rmcp's config (allowed hosts, body limit) and at most
+/// `sessions_per_token` live MCP sessions per token (`429 too_many_sessions` beyond).
 pub fn router_with_config(
     service: Arc<Service>,
     config: StreamableHttpServerConfig,
+    sessions_per_token: usize,
 ) -> axum::Router {
     let factory_service = service.clone();
+    let manager = Arc::new(LocalSessionManager::default());
+    let cap = Arc::new(SessionCap {
+        manager: manager.clone(),
+        max: sessions_per_token,
+        per_token: std::sync::Mutex::new(std::collections::HashMap::new()),
+    });
     let mcp = StreamableHttpService::new(
         move || Ok(OncelyMcp::http(factory_service.clone())),
-        Arc::new(LocalSessionManager::default()),
+        manager,
         config,
     );
     axum::Router::new()
         .route_service(MCP_PATH, mcp)
+        .layer(middleware::from_fn_with_state(cap, cap_sessions))
         .layer(middleware::from_fn_with_state(service, require_bearer))
+}
+
+/// Live MCP sessions per token: ids seen in `Mcp-Session-Id` answers, pruned of those
+/// the session manager no longer has (closed, or idle past rmcp's keep-alive), plus
+/// initializations in flight (so a burst of them cannot slip past the cap).
+struct SessionCap {
+    manager: Arc<LocalSessionManager>,
+    max: usize,
+    per_token: std::sync::Mutex<std::collections::HashMap<String, TokenSessions>>,
+}
+
+#[derive(Default)]
+struct TokenSessions {
+    ids: Vec<Arc<str>>,
+    starting: usize,
+}
+
+impl SessionCap {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, TokenSessions>> {
+        self.per_token.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A request without `Mcp-Session-Id` starts a session: refused with 429 when the token
+/// has `max` alive already.
+async fn cap_sessions(State(cap): State<Arc<SessionCap>>, req: Request, next: Next) -> Response {
+    use rmcp::transport::streamable_http_server::session::SessionManager;
+    const SESSION_HEADER: &str = "mcp-session-id";
+    if req.method() != axum::http::Method::POST || req.headers().contains_key(SESSION_HEADER) {
+        return next.run(req).await;
+    }
+    let Some(token) = req.extensions().get::<Caller>().map(|c| c.token_id.clone()) else {
+        return next.run(req).await;
+    };
+    let known = cap
+        .lock()
+        .get(&token)
+        .map(|t| t.ids.clone())
+        .unwrap_or_default();
+    let mut alive = Vec::with_capacity(known.len());
+    for id in known {
+        if cap.manager.has_session(&id).await.unwrap_or(false) {
+            alive.push(id);
+        }
+    }
+    {
+        let mut map = cap.lock();
+        let entry = map.entry(token.clone()).or_default();
+        entry.ids.retain(|id| alive.contains(id));
+        if entry.ids.len() + entry.starting >= cap.max {
+            let max = cap.max;
+            drop(map);
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, "5")],
+                axum::Json(json!({"error": {"code": "too_many_sessions", "message": format!(
+                    "this token has {max} MCP sessions open already: reuse one, or end one (DELETE /mcp with its Mcp-Session-Id)"
+                )}})),
+            )
+                .into_response();
+        }
+        entry.starting += 1;
+    }
+    let response = next.run(req).await;
+    let id = response
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(std::sync::Arc::<str>::from);
+    let mut map = cap.lock();
+    let entry = map.entry(token).or_default();
+    entry.starting = entry.starting.saturating_sub(1);
+    if let Some(id) = id {
+        entry.ids.push(id);
+    }
+    response
 }
 
 /// Serve MCP over stdin/stdout for `caller` until the client disconnects.
@@ -355,7 +441,7 @@ async fn require_bearer(
     mut req: Request,
     next: Next,
 ) -> Response {
-    match bearer_token(req.headers()).and_then(|t| service.authenticate(t)) {
+    match crate::http::bearer(req.headers()).and_then(|t| service.authenticate(t)) {
         Some(caller) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
@@ -367,13 +453,6 @@ async fn require_bearer(
         )
             .into_response(),
     }
-}
-
-fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 // ---- tool definitions -------------------------------------------------------
@@ -663,12 +742,12 @@ mod tests {
 
     #[test]
     fn bearer_parsing() {
-        let mut h = HeaderMap::new();
-        assert_eq!(bearer_token(&h), None);
+        let mut h = axum::http::HeaderMap::new();
+        assert_eq!(crate::http::bearer(&h), None);
         h.insert(header::AUTHORIZATION, "Bearer abc".parse().expect("header"));
-        assert_eq!(bearer_token(&h), Some("abc"));
+        assert_eq!(crate::http::bearer(&h), Some("abc"));
         h.insert(header::AUTHORIZATION, "basic abc".parse().expect("header"));
-        assert_eq!(bearer_token(&h), None);
+        assert_eq!(crate::http::bearer(&h), None);
     }
 
     #[test]

@@ -248,6 +248,8 @@ pub struct Service {
     reconnecting: AtomicBool,
     /// Longest `wait` accepted.
     pub max_wait: Duration,
+    /// Long-polls open, per token and in total (`429 too_many_waits` beyond).
+    pub waits: crate::limits::Gate,
 }
 
 impl Service {
@@ -272,6 +274,10 @@ impl Service {
             enqueues: Coalescer::start(IN_FLIGHT, MAX_BATCH, enqueue_batch),
             reconnecting: AtomicBool::new(false),
             max_wait: MAX_WAIT,
+            waits: {
+                let caps = crate::limits::Caps::default();
+                crate::limits::Gate::new(caps.waits_per_token, caps.waits)
+            },
         });
         Self::monitor(Arc::downgrade(&service));
         Ok(service)
@@ -607,6 +613,24 @@ impl Service {
             return Ok(view);
         }
         let key = IdempotencyKey::parse(key).map_err(|_| ApiError::not_found())?;
+        // Held while waiting: a long-poll costs no database connection, but a task, a
+        // subscription and a timer each; one token cannot open them without bound.
+        let _slot = self.waits.enter(&caller.token_id).map_err(|over| {
+            let (scope, max) = match over {
+                crate::limits::Over::Token(n) => ("this token", n),
+                crate::limits::Over::Total(n) => ("the gateway", n),
+            };
+            ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    429,
+                    "too_many_waits",
+                    format!(
+                        "{scope} has {max} long-polls open already; wait for one to end, or read the status without `wait`"
+                    ),
+                )
+            }
+        })?;
         let producer = self.producer().await;
         let watcher = producer.watcher().await.map_err(|_| {
             ApiError::unavailable(

@@ -370,3 +370,200 @@ async fn an_authentic_oversized_message_is_settled_not_dead_lettered_forever() {
     assert_eq!(op.last_error_code.as_deref(), Some("too_large"));
     assert_eq!(fleet.sandbox.effects().count(key.as_str()), 0, "never sent");
 }
+
+/// Whether the server closed `s` (EOF or reset) by `until`.
+async fn closed_by(s: &mut tokio::net::TcpStream, until: tokio::time::Instant) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            // An answer (e.g. 408) before the close: read on.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// 1,000 idle connections and ten slowloris clients (a header byte every 300 ms) are
+/// closed by the header-read timeout, and the gateway still answers. Before: no timeout
+/// at all (axum::serve sets no timer), every one of them stayed open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_and_slowloris_headers_are_closed_by_timeouts() {
+    use tokio::io::AsyncWriteExt;
+    let fleet = fleet().await;
+    let gw = Gateway::start_with(&fleet, &[TOKEN_A], &[], &["--header-read-timeout", "2s"]).await;
+    let mut idle = Vec::new();
+    for _ in 0..1000 {
+        idle.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut slow = Vec::new();
+    for _ in 0..10 {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+            .await
+            .expect("connect");
+        s.write_all(b"GET /v1/action-types HTTP/1.1\r\n")
+            .await
+            .expect("write");
+        slow.push(s);
+    }
+    let trickle = tokio::spawn(async move {
+        let mut closed = 0;
+        for _ in 0..40 {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            closed = 0;
+            for s in &mut slow {
+                if s.write_all(b"X").await.is_err() {
+                    closed += 1;
+                }
+            }
+            if closed == slow.len() {
+                break;
+            }
+        }
+        closed
+    });
+    let mut closed = 0;
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    for s in &mut idle {
+        if closed_by(s, until).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(
+        closed, 1000,
+        "idle connections closed by the header-read timeout"
+    );
+    assert_eq!(trickle.await.expect("join"), 10, "slowloris clients closed");
+    let mut agent = gw.client(TOKEN_A.token).await;
+    assert_eq!(agent.get("/v1/action-types").await.status, 200);
+}
+
+/// The first line of the answer on `s` (within 10 s).
+async fn first_line(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("an answer before the body")
+        .expect("read");
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The token is checked before the body is read: a request without one gets `401` at
+/// once, while its announced body never comes. And a body that trickles is cut off by
+/// `--request-timeout` (`408`). Before: the gateway waited for the whole body first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_is_refused_before_the_body_and_slow_bodies_time_out() {
+    use tokio::io::AsyncWriteExt;
+    let fleet = fleet().await;
+    let gw = Gateway::start_with(&fleet, &[TOKEN_A], &[], &["--request-timeout", "2s"]).await;
+    let head = |token: Option<&str>| {
+        format!(
+            "POST /v1/actions/email.send HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{}Content-Length: 60000\r\n\r\n{{\"workflow_id\":",
+            token
+                .map(|t| format!("Authorization: Bearer {t}\r\n"))
+                .unwrap_or_default()
+        )
+    };
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    s.write_all(head(None).as_bytes()).await.expect("write");
+    assert_eq!(first_line(&mut s).await, "HTTP/1.1 401 Unauthorized");
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    s.write_all(head(Some(TOKEN_A.token)).as_bytes())
+        .await
+        .expect("write");
+    assert_eq!(first_line(&mut s).await, "HTTP/1.1 408 Request Timeout");
+}
+
+/// One token's long-polls are capped (`--max-waits-per-token`): the excess gets `429
+/// too_many_waits` at once, and another tenant's submits go on while they are open.
+/// MCP sessions are capped per token too. Before: no cap on either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_and_mcp_sessions_are_capped_per_token() {
+    use oncely_tests::gateway::TOKEN_B;
+    let fleet = fleet().await;
+    let gw = Gateway::start_with(
+        &fleet,
+        &[TOKEN_A, TOKEN_B],
+        &[],
+        &[
+            "--max-waits-per-token",
+            "20",
+            "--max-mcp-sessions-per-token",
+            "2",
+        ],
+    )
+    .await;
+    // Scheduled an hour ahead: waits on it stay open.
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let mut a = gw.client(TOKEN_A.token).await;
+    let r = a
+        .submit(
+            "ticket.create",
+            &serde_json::json!({"workflow_id": "w", "step": "s", "business_object": "later",
+                "revision": 1, "payload": {"title": "t"}, "not_before": later}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let key = r.body["key"].as_str().expect("key").to_owned();
+    // 25 long-polls: 20 stay open, 5 are refused at once.
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut open = Vec::new();
+    for _ in 0..25 {
+        let port = gw.port;
+        let key = key.clone();
+        let done = done_tx.clone();
+        open.push(tokio::spawn(async move {
+            let mut c = oncely_tests::gateway::Client::connect(port, Some(TOKEN_A.token)).await;
+            let r = c.action(&key, Some("50s")).await;
+            let _ = done.send((r.status, r.code().to_owned()));
+        }));
+    }
+    for _ in 0..5 {
+        let refused = tokio::time::timeout(std::time::Duration::from_secs(20), done_rx.recv())
+            .await
+            .expect("five are refused at once");
+        assert_eq!(refused, Some((429, "too_many_waits".to_owned())));
+    }
+    let mut b = gw.client(TOKEN_B.token).await;
+    for n in 0..20 {
+        let r = b
+            .submit(
+                "ticket.create",
+                &serde_json::json!({"workflow_id": "w", "step": "s", "business_object": format!("b-{n}"),
+                    "revision": 1, "payload": {"title": "t"}}),
+            )
+            .await;
+        assert_eq!(r.status, 202, "another tenant's submit: {}", r.body);
+    }
+    assert!(
+        done_rx.try_recv().is_err(),
+        "the twenty long-polls are still open"
+    );
+    for w in open {
+        w.abort();
+    }
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let r = a
+            .request("POST", "/mcp", &[], init.to_string().into_bytes())
+            .await;
+        statuses.push(r.status);
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+}
