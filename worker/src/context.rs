@@ -31,6 +31,12 @@ pub struct Context {
     /// The approval rules: a delivery published without the SDK is held by the worker
     /// before its claim when a rule matches (docs/approvals.md).
     pub approvals: Arc<oncely_core::approval::Approvals>,
+    /// Keys this process has claimed and not yet committed (its calls in flight, in any
+    /// session): a claim that meets a live lease of this process on a key *not* here holds
+    /// a lease from a claim whose answer was lost, and may take it up (see
+    /// `runner::claim`). Process-wide, so a session started while an older one's calls
+    /// still drain cannot take up their leases.
+    pub in_flight: Arc<std::sync::Mutex<std::collections::HashSet<oncely_core::IdempotencyKey>>>,
     /// The broker's URL with its TLS files read (at start: a bad file stops the process
     /// there, with the field and the file named).
     pub amqp: AmqpConnector,
@@ -62,6 +68,7 @@ impl Context {
             secret,
             topology,
             owner: process_id(role),
+            in_flight: Arc::default(),
         })
     }
 

@@ -7,7 +7,9 @@
 //! feature, or without the variable, [`hit`] does nothing.
 //!
 //! Points: `after_claim` (leases taken, nobody called), `after_provider` (the provider
-//! answered, nothing committed), `after_commit` (committed, not acked).
+//! answered, nothing committed), `after_commit` (committed, not acked). One does not
+//! crash: `claim_reply_lost` treats a committed claim's answer as lost, so the claim is
+//! retried and meets this worker's own fresh leases.
 
 #[cfg(feature = "failpoints")]
 mod imp {
@@ -54,10 +56,12 @@ mod imp {
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 
+    pub fn fires(name: &str) -> bool {
+        config().get(name).is_some_and(|p| next() < *p)
+    }
+
     pub fn hit(name: &str) {
-        if let Some(p) = config().get(name)
-            && next() < *p
-        {
+        if fires(name) {
             eprintln!(
                 "{{\"level\":\"ERROR\",\"message\":\"failpoint hit: aborting\",\"failpoint\":\"{name}\"}}"
             );
@@ -76,3 +80,17 @@ pub fn hit(name: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// Whether a non-crashing fail point fires here (the caller simulates the fault, e.g.
+/// `claim_reply_lost`: the claim committed, its answer is treated as lost).
+#[cfg(feature = "failpoints")]
+pub fn fires(name: &str) -> bool {
+    imp::fires(name)
+}
+
+/// Fail points are compiled out of this build.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn fires(_name: &str) -> bool {
+    false
+}

@@ -567,3 +567,46 @@ async fn long_polls_and_mcp_sessions_are_capped_per_token() {
     }
     assert_eq!(statuses, [200, 200, 429]);
 }
+
+/// A claim whose answer is lost (it committed; the worker saw an error and retried)
+/// meets the worker's own fresh leases on the retry. Before: each delivery was acked as
+/// `in_flight`, its lease ran out into `unknown`, and an action nobody had sent went to the
+/// reconciler. Now the worker takes up its own lease (none of its calls holds the key) and
+/// calls once. The fail-point worker drops the first answer of every claim statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_answer_is_taken_up_not_left_to_expire() {
+    use oncely_tests::eventually;
+    use std::time::Duration;
+    let fleet = Fleet::new().await;
+    let worker = oncely_tests::failpoint_worker::path().expect("fail-point worker");
+    let w = fleet.spawn_program(
+        &worker,
+        &["run"],
+        &[("ONCELY_FAILPOINTS", "claim_reply_lost=1.0")],
+    );
+    let producer = fleet.producer().await;
+    let mut keys = Vec::new();
+    for n in 0..20 {
+        let intent = oncely_tests::sample_intent("ticket.create", n);
+        match producer.enqueue(intent).await.expect("enqueue") {
+            oncely_producer::Enqueued::Enqueued { key, .. } => keys.push(key),
+            other => panic!("{other:?}"),
+        }
+    }
+    eventually(
+        "every ticket is created",
+        Duration::from_secs(60),
+        || async { (fleet.count("succeeded").await == 20).then_some(()) },
+    )
+    .await;
+    assert_eq!(fleet.count("unknown").await, 0);
+    let effects = fleet.sandbox.effects();
+    for k in &keys {
+        assert_eq!(effects.count(k.as_str()), 1, "{k}");
+    }
+    let logs = w.logs();
+    assert!(
+        logs.contains("claim_reply_lost") && logs.contains("own lease is taken up"),
+        "the fail point fired and the leases were taken up"
+    );
+}

@@ -23,7 +23,7 @@ use crate::decide;
 use crate::flow::Slot;
 use crate::provider::{Call, Outcome};
 use crate::retry;
-use oncely_core::journal::{Claim, ClaimOutcome, ClaimRequest, JournalError};
+use oncely_core::journal::{Claim, ClaimOutcome, ClaimRequest, JournalError, Operation};
 use oncely_core::metrics as m;
 use oncely_core::publish::Publisher;
 use std::sync::Arc;
@@ -135,15 +135,58 @@ pub(super) async fn claim_and_dispatch(
                 let provider = provider_of(ctx, &v);
                 effects::deferred(acks, &v, provider).await;
             }
-            ClaimOutcome::NotClaimed { why, op } => {
-                effects::not_claimed(ctx, publisher, acks, v, decide::disposition(why), &op).await
-            }
+            ClaimOutcome::NotClaimed { why, op } => match adopt(ctx, why, &op) {
+                Some(claim) => {
+                    tracing::warn!(key = %claim.key, attempt = claim.attempt, "a claim's answer was lost and the claim retried: this worker's own lease is taken up");
+                    metrics::counter!(m::DELIVERIES, "action_type" => v.inc.action.to_string(), "verdict" => "claimed").increment(1);
+                    let at = match slot {
+                        Slot::Call(wait) => planned_at + wait,
+                        Slot::Defer(_) => planned_at,
+                    };
+                    dispatch(ctx, v, claim, at, permits.split(1), started, commit_tx);
+                }
+                None => {
+                    effects::not_claimed(ctx, publisher, acks, v, decide::disposition(why), &op)
+                        .await
+                }
+            },
             ClaimOutcome::Undecided => {
                 acks.refuse(&v.inc.action, &v.inc.delivery, Refuse::Requeue)
                     .await
             }
         }
     }
+}
+
+/// A live lease of this very process on a key none of its calls holds: the claim that
+/// took it committed, but its answer was lost and the statement retried (the retry meets
+/// the lease). Nobody can have called the provider under it, so this delivery takes it
+/// up — before, it was acked as `in_flight`, the lease ran out into `unknown`, and an
+/// action nobody sent went to the reconciler (and to a person, for providers without a
+/// lookup). A key in [`Context::in_flight`] is a real duplicate: left alone.
+fn adopt(ctx: &Context, why: oncely_core::journal::NotClaimed, op: &Operation) -> Option<Claim> {
+    if why != oncely_core::journal::NotClaimed::LeaseLive
+        || op.lease_owner.as_deref() != Some(ctx.owner.as_str())
+    {
+        return None;
+    }
+    let key = op.key.clone();
+    if lock(&ctx.in_flight).contains(&key) {
+        return None;
+    }
+    Some(Claim {
+        key,
+        attempt: op.attempt_count,
+        // Not on the row as read here: counting none spends the attempt budget sooner,
+        // never calls more often.
+        throttled: 0,
+        lease_until: op.lease_until?,
+        first_attempt_at: op.first_attempt_at?,
+    })
+}
+
+pub(super) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The provider a delivery's action type is routed to (checked before claiming).
@@ -196,8 +239,24 @@ async fn claim_batch(
         })
         .collect();
     metrics::histogram!(m::CLAIM_BATCH_SIZE).record(requests.len() as f64);
+    let mut first = true;
     let outcomes = retry::journal("claim", Duration::from_secs(30), || {
-        ctx.journal.claim_or_defer(&requests, &defer, &ctx.owner)
+        // Chaos and tests: the first answer is lost after the claim committed.
+        let lose = std::mem::take(&mut first) && crate::failpoint::fires("claim_reply_lost");
+        let (requests, defer) = (&requests, &defer);
+        async move {
+            let outcomes = ctx
+                .journal
+                .claim_or_defer(requests, defer, &ctx.owner)
+                .await?;
+            if lose {
+                tracing::warn!(
+                    "fail point claim_reply_lost: the claim committed, its answer is dropped"
+                );
+                return Err(JournalError::Unavailable(sqlx::Error::PoolTimedOut));
+            }
+            Ok(outcomes)
+        }
     })
     .await;
     metrics::histogram!(m::JOURNAL_STATEMENT_SECONDS, "statement" => "claim")
@@ -217,6 +276,7 @@ fn dispatch(
     claimed_at: Instant,
     commit_tx: &mpsc::Sender<Finished>,
 ) {
+    lock(&ctx.in_flight).insert(claim.key.clone());
     let (ctx, tx) = (ctx.clone(), commit_tx.clone());
     tokio::spawn(async move {
         let wait = at.saturating_duration_since(Instant::now());

@@ -95,6 +95,14 @@ async fn commit_batch(
     };
     metrics::histogram!(m::JOURNAL_STATEMENT_SECONDS, "statement" => "complete")
         .record(started.elapsed().as_secs_f64());
+    // Committed (or refused as stale): these leases are settled. A batch that could not
+    // be committed keeps its keys, so no redelivery can take up their leases.
+    {
+        let mut in_flight = super::claim::lock(&ctx.in_flight);
+        for f in &batch {
+            in_flight.remove(&f.env.key);
+        }
+    }
     crate::failpoint::hit("after_commit");
     // Settled together, not one after another: each outcome event's publish waits until
     // its frames are written (on lapin's I/O thread); started together, a batch's events
