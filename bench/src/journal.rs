@@ -8,7 +8,7 @@
 //! status IN ('planned', 'failed_retryable') AND (lease_until IS NULL OR lease_until <
 //! now()) RETURNING …`; (c) `UPDATE … SET status = 'succeeded', provider id, result,
 //! lease and payload cleared WHERE key = $1 AND status = 'executing'`. The statements
-//! live in the journal ([`oncely_core::journal::article`]), the only module with SQL.
+//! live in [`crate::article`].
 //!
 //! And the journal floor ([`run_batched`]): oncely's own statements — the producer's
 //! record, the worker's claim and its completion — on oncely's schema, in the batches a
@@ -16,10 +16,10 @@
 //! when every statement is as full as the fleet ever makes it.
 
 use super::sys::{CpuSampler, CpuUse};
+use crate::article::{ArticleAction, ArticleJournal, ArticleTable};
 use oncely_core::Envelope;
 use oncely_core::db::{self, PoolSettings};
 use oncely_core::journal::Journal;
-use oncely_core::journal::article::{ArticleAction, ArticleTable};
 use oncely_core::journal::claim::{ClaimOutcome, ClaimRequest};
 use oncely_core::journal::complete::{Completion, Verdict};
 use oncely_core::status::Status;

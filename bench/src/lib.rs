@@ -20,6 +20,7 @@
 //! - [`report`]: the table and the JSON.
 //! - [`sys`]: `/proc` readings and the cleanup registry.
 
+pub mod article;
 pub mod broker;
 pub mod fleet;
 pub mod intents;

@@ -21,9 +21,7 @@
 //! - [`review`]: human reviews and purging.
 //! - [`recheck`]: background re-checks of reviews a lookup may still settle; review figures.
 //! - [`stats`]: aggregate reads (counts by status, the database clock, latencies).
-//! - [`article`]: the article's three-statement flow, the bench's yardstick.
 
-pub mod article;
 pub mod budget;
 pub mod claim;
 pub mod complete;

@@ -2,8 +2,9 @@
 //! action (record `planned`, claim, complete), one action at a time, on oncely's real
 //! schema (its CHECK constraints and events trigger included). The workers never use it;
 //! `oncely-bench` runs it to measure what the article's design costs on this schema next
-//! to oncely's batched statements, and it lives here because the journal is the only
-//! module with SQL.
+//! to oncely's batched statements. It lived in core's journal (the only module with SQL)
+//! until issue 43: shipped code carries no bench-only DDL, so it is here, on the
+//! journal's pool.
 //!
 //! The schema's constraints add what the article's statements leave out: the claim sets
 //! the lease owner, the first attempt time, the actor and reason; the completion clears
@@ -14,7 +15,7 @@
 //! index; no events, no payload): what the three statements cost without oncely's
 //! schema around them.
 
-use super::{Journal, JournalError};
+use oncely_core::journal::{Journal, JournalError};
 
 const INSERT: &str = "INSERT INTO agent_operations (idempotency_key, action_type, workflow_id, step, \
      business_object, revision, payload_hash, payload, status, last_actor, last_reason) \
@@ -94,30 +95,59 @@ pub struct ArticleAction {
 }
 
 /// Where the article's flow found the journal in an unexpected state.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 pub enum ArticleFlowError {
     /// The claim matched no row (someone else holds it, or it is not claimable).
-    #[error("the claim of {0} found nothing")]
     NotClaimed(String),
     /// The completion's compare-and-set matched no row.
-    #[error("the completion of {0} changed nothing")]
     NotCompleted(String),
     /// The database failed.
-    #[error(transparent)]
-    Journal(#[from] JournalError),
+    Journal(JournalError),
 }
 
-impl Journal {
+impl std::fmt::Display for ArticleFlowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotClaimed(k) => write!(f, "the claim of {k} found nothing"),
+            Self::NotCompleted(k) => write!(f, "the completion of {k} changed nothing"),
+            Self::Journal(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ArticleFlowError {}
+
+impl From<JournalError> for ArticleFlowError {
+    fn from(e: JournalError) -> Self {
+        Self::Journal(e)
+    }
+}
+
+/// The article's flow on the journal's pool.
+#[allow(async_fn_in_trait)]
+pub trait ArticleJournal {
     /// Create the article's plain table (and its index) if missing.
-    pub async fn create_article_table(&self) -> Result<(), JournalError> {
-        sqlx::query(PLAIN_TABLE).execute(&self.db).await?;
-        sqlx::query(PLAIN_INDEX).execute(&self.db).await?;
+    async fn create_article_table(&self) -> Result<(), JournalError>;
+    /// Run one action through the article's three statements, each its own transaction,
+    /// on `table`.
+    async fn article_action(
+        &self,
+        a: &ArticleAction,
+        actor: &str,
+        table: ArticleTable,
+    ) -> Result<(), ArticleFlowError>;
+    /// Operations of the plain table in `succeeded`.
+    async fn article_succeeded(&self) -> Result<i64, JournalError>;
+}
+
+impl ArticleJournal for Journal {
+    async fn create_article_table(&self) -> Result<(), JournalError> {
+        sqlx::query(PLAIN_TABLE).execute(self.pool()).await?;
+        sqlx::query(PLAIN_INDEX).execute(self.pool()).await?;
         Ok(())
     }
 
-    /// Run one action through the article's three statements, each its own transaction,
-    /// on `table`.
-    pub async fn article_action(
+    async fn article_action(
         &self,
         a: &ArticleAction,
         actor: &str,
@@ -141,7 +171,7 @@ impl Journal {
                 .bind(&a.hash),
         };
         inserted
-            .execute(&self.db)
+            .execute(self.pool())
             .await
             .map_err(JournalError::from)?;
         let claim = match table {
@@ -149,7 +179,7 @@ impl Journal {
             ArticleTable::Plain => sqlx::query_scalar(PLAIN_CLAIM).bind(&a.key),
         };
         let claimed: Option<i32> = claim
-            .fetch_optional(&self.db)
+            .fetch_optional(self.pool())
             .await
             .map_err(JournalError::from)?;
         if claimed.is_none() {
@@ -167,7 +197,7 @@ impl Journal {
                 .bind(&a.result),
         };
         let done = complete
-            .execute(&self.db)
+            .execute(self.pool())
             .await
             .map_err(JournalError::from)?;
         if done.rows_affected() != 1 {
@@ -176,13 +206,12 @@ impl Journal {
         Ok(())
     }
 
-    /// Operations of the plain table in `succeeded`.
-    pub async fn article_succeeded(&self) -> Result<i64, JournalError> {
+    async fn article_succeeded(&self) -> Result<i64, JournalError> {
         Ok(
             sqlx::query_scalar(
                 "SELECT count(*) FROM article_operations WHERE status = 'succeeded'",
             )
-            .fetch_one(&self.db)
+            .fetch_one(self.pool())
             .await?,
         )
     }
