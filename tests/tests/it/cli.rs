@@ -199,9 +199,12 @@ async fn processes_refuse_a_database_not_migrated_to_their_version() {
         .collect();
     let needed = *versions.last().expect("migrations");
     // No broker to reach: a process that got past the check would retry it for ever.
+    // With the key secret: `run` refuses to start without one before it looks at the
+    // database (hardening::a_worker_without_a_key_secret_refuses_to_start).
     let env = [
         ("DATABASE_URL", url.as_str()),
         ("ONCELY_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f"),
+        ("ONCELY_KEY_SECRET", SECRET),
     ];
     let refuses = |args: &'static [&'static str], found: String| async move {
         let (code, _, err) = tokio::time::timeout(

@@ -129,6 +129,8 @@ fn spawn_worker(env: &[(&str, &str)]) -> tokio::process::Child {
         .arg("run")
         .env_remove("ONCELY_CONFIG")
         .env_remove("ONCELY_METRICS_ADDR")
+        // `run` refuses to start without a key secret, before it reaches the database.
+        .env("ONCELY_KEY_SECRET", oncely_tests::fleet::SECRET)
         .env("ONCELY_LOG_FORMAT", "json")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
