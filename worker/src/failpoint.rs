@@ -7,9 +7,9 @@
 //! feature, or without the variable, [`hit`] does nothing.
 //!
 //! Points: `after_claim` (leases taken, nobody called), `after_provider` (the provider
-//! answered, nothing committed), `after_commit` (committed, not acked). One does not
-//! crash: `claim_reply_lost` treats a committed claim's answer as lost, so the claim is
-//! retried and meets this worker's own fresh leases.
+//! answered, nothing committed), `after_commit` (committed, not acked). Two do not
+//! crash: `claim_reply_lost` and `complete_reply_lost` treat a committed statement's
+//! answer as lost, so it is retried and meets this worker's own work.
 
 #[cfg(feature = "failpoints")]
 mod imp {

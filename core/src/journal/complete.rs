@@ -282,12 +282,75 @@ impl Journal {
 
     /// Apply a batch of completions in one statement; one [`Applied`] per input, in
     /// order. Keys must be distinct within a batch (one operation has one outcome).
+    ///
+    /// A completion this very `actor` already applied — the same attempt, status and
+    /// reason, i.e. an earlier try of this batch committed and its answer was lost — is
+    /// reported as applied again, not [`Applied::Stale`]: the caller still owes its
+    /// outcome event and hand-off (before, a retried commit skipped them).
     pub async fn complete_batch(
         &self,
         cs: &[Completion],
         actor: &str,
     ) -> Result<Vec<Applied>, JournalError> {
-        complete_batch_on(&self.db, cs, actor, true).await
+        let mut applied = complete_batch_on(&self.db, cs, actor, true).await?;
+        let stale: Vec<String> = cs
+            .iter()
+            .zip(&applied)
+            .filter(|(_, a)| !a.is_applied())
+            .map(|(c, _)| c.key.as_str().to_owned())
+            .collect();
+        if stale.is_empty() {
+            return Ok(applied);
+        }
+        type Row = (
+            String,
+            String,
+            i32,
+            String,
+            String,
+            f64,
+            Option<String>,
+            Option<String>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT idempotency_key, status, attempt_count, last_actor, last_reason, \
+             extract(epoch FROM now() - created_at)::float8, provider_operation_id, last_error_code \
+             FROM agent_operations WHERE idempotency_key = ANY($1)",
+        )
+        .bind(&stale)
+        .fetch_all(&self.db)
+        .await?;
+        for (c, a) in cs.iter().zip(applied.iter_mut()) {
+            if a.is_applied() {
+                continue;
+            }
+            // Exactly this completion: its attempt, status, actor, and its provider id or
+            // error code (a second, different answer for the same attempt stays refused).
+            let (pid, err) = match &c.verdict {
+                Verdict::Succeeded {
+                    provider_operation_id,
+                    ..
+                } => (Some(storable(provider_operation_id)), None),
+                Verdict::FailedFinal { error_code }
+                | Verdict::FailedRetryable { error_code, .. }
+                | Verdict::Deferred { error_code, .. }
+                | Verdict::Unknown { error_code, .. } => (None, Some(storable(error_code))),
+            };
+            let mine = rows.iter().find(|r| {
+                r.0 == c.key.as_str()
+                    && r.1 == c.verdict.status().as_str()
+                    && r.2 == c.attempt
+                    && r.3 == actor
+                    && (pid.is_none() || r.6 == pid)
+                    && r.7 == err
+            });
+            *a = match mine {
+                Some(r) if r.4 == c.reason => Applied::OnTime { age_secs: r.5 },
+                Some(r) if r.4 == LATE_REASON => Applied::Late { age_secs: r.5 },
+                _ => Applied::Stale,
+            };
+        }
+        Ok(applied)
     }
 }
 

@@ -610,3 +610,55 @@ async fn a_lost_claim_answer_is_taken_up_not_left_to_expire() {
         "the fail point fired and the leases were taken up"
     );
 }
+
+/// A completion whose answer is lost (it committed; the worker retried the statement)
+/// found its rows already moved on: `Stale`, and no outcome event was published — the
+/// agents listening never heard that their tickets were created. Now the journal reports
+/// a completion this worker already applied (same attempt, status and reason) as applied,
+/// and the events go out. The fail-point worker drops the first answer of every
+/// completion statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_completion_answer_still_publishes_the_outcome() {
+    use oncely_tests::eventually;
+    use std::time::Duration;
+    let fleet = Fleet::new().await;
+    let mut outcomes = fleet.listen_outcomes("ticket.create.*").await;
+    let worker = oncely_tests::failpoint_worker::path().expect("fail-point worker");
+    let _w = fleet.spawn_program(
+        &worker,
+        &["run"],
+        &[("ONCELY_FAILPOINTS", "complete_reply_lost=1.0")],
+    );
+    let producer = fleet.producer().await;
+    let mut keys = std::collections::BTreeSet::new();
+    for n in 0..10 {
+        match producer
+            .enqueue(oncely_tests::sample_intent("ticket.create", n))
+            .await
+            .expect("enqueue")
+        {
+            oncely_producer::Enqueued::Enqueued { key, .. } => {
+                keys.insert(key.as_str().to_owned());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    eventually(
+        "every ticket is created",
+        Duration::from_secs(60),
+        || async { (fleet.count("succeeded").await == 10).then_some(()) },
+    )
+    .await;
+    let mut heard = std::collections::BTreeSet::new();
+    while heard.len() < keys.len() {
+        let (_, event) = oncely_tests::fleet::next_outcome(&mut outcomes).await;
+        assert_eq!(event["status"], "succeeded", "{event}");
+        heard.insert(
+            event["idempotency_key"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+    }
+    assert_eq!(heard, keys);
+}

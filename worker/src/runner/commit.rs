@@ -78,8 +78,24 @@ async fn commit_batch(
 ) {
     let completions: Vec<Completion> = batch.iter().map(Finished::completion).collect();
     let started = Instant::now();
+    let mut first = true;
     let applied = match retry::journal("complete", give_up, || {
-        ctx.journal.complete_batch(&completions, &ctx.owner)
+        // Chaos and tests: the first answer is lost after the completion committed.
+        let lose = std::mem::take(&mut first) && crate::failpoint::fires("complete_reply_lost");
+        let completions = &completions;
+        async move {
+            let applied = ctx
+                .journal
+                .complete_batch(completions, &ctx.owner)
+                .await?;
+            if lose {
+                tracing::warn!("fail point complete_reply_lost: the completion committed, its answer is dropped");
+                return Err(oncely_core::journal::JournalError::Unavailable(
+                    sqlx::Error::PoolTimedOut,
+                ));
+            }
+            Ok(applied)
+        }
     })
     .await
     {
