@@ -121,36 +121,47 @@ pub(super) async fn claim_and_dispatch(
             return;
         }
     };
+    // Won claims first: their leases are ticking. What was not claimed is settled after
+    // (a conflict written, a publish confirmed, an ack), never before a call starts.
+    let mut later = Vec::new();
     for ((v, outcome), slot) in valid.into_iter().zip(outcomes).zip(slots) {
-        match outcome {
-            ClaimOutcome::Claimed(claim) => {
-                metrics::counter!(m::DELIVERIES, "action_type" => v.inc.action.to_string(), "verdict" => "claimed").increment(1);
-                let at = match slot {
-                    Slot::Call(wait) => planned_at + wait,
-                    Slot::Defer(_) => planned_at,
-                };
-                dispatch(ctx, v, claim, at, permits.split(1), started, commit_tx);
+        let claim = match outcome {
+            ClaimOutcome::Claimed(claim) => claim,
+            // In order: an earlier won claim of the same key is in flight by now.
+            ClaimOutcome::NotClaimed { why, op } => match adopt(ctx, why, &op) {
+                Some(claim) => {
+                    tracing::warn!(key = %claim.key, attempt = claim.attempt, "a claim's answer was lost and the claim retried: this worker's own lease is taken up");
+                    claim
+                }
+                None => {
+                    later.push((v, ClaimOutcome::NotClaimed { why, op }));
+                    continue;
+                }
+            },
+            other => {
+                later.push((v, other));
+                continue;
             }
+        };
+        metrics::counter!(m::DELIVERIES, "action_type" => v.inc.action.to_string(), "verdict" => "claimed").increment(1);
+        let at = match slot {
+            Slot::Call(wait) => planned_at + wait,
+            Slot::Defer(_) => planned_at,
+        };
+        dispatch(ctx, v, claim, at, permits.split(1), started, commit_tx);
+    }
+    // The permits of deliveries that make no call go back before they are settled.
+    drop(permits);
+    for (v, outcome) in later {
+        match outcome {
             ClaimOutcome::Deferred { .. } => {
                 let provider = provider_of(ctx, &v);
                 effects::deferred(acks, &v, provider).await;
             }
-            ClaimOutcome::NotClaimed { why, op } => match adopt(ctx, why, &op) {
-                Some(claim) => {
-                    tracing::warn!(key = %claim.key, attempt = claim.attempt, "a claim's answer was lost and the claim retried: this worker's own lease is taken up");
-                    metrics::counter!(m::DELIVERIES, "action_type" => v.inc.action.to_string(), "verdict" => "claimed").increment(1);
-                    let at = match slot {
-                        Slot::Call(wait) => planned_at + wait,
-                        Slot::Defer(_) => planned_at,
-                    };
-                    dispatch(ctx, v, claim, at, permits.split(1), started, commit_tx);
-                }
-                None => {
-                    effects::not_claimed(ctx, publisher, acks, v, decide::disposition(why), &op)
-                        .await
-                }
-            },
-            ClaimOutcome::Undecided => {
+            ClaimOutcome::NotClaimed { why, op } => {
+                effects::not_claimed(ctx, publisher, acks, v, decide::disposition(why), &op).await
+            }
+            ClaimOutcome::Undecided | ClaimOutcome::Claimed(_) => {
                 acks.refuse(&v.inc.action, &v.inc.delivery, Refuse::Requeue)
                     .await
             }
