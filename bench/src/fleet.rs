@@ -102,7 +102,7 @@ pub struct FleetSpec {
 /// Concurrent HTTP connections of a gateway run.
 pub const HTTP_CONNECTIONS: usize = 32;
 /// The bench's gateway token (tenant `bench`).
-const GATEWAY_TOKEN: &str = "bench-token";
+pub(crate) const GATEWAY_TOKEN: &str = "bench-token";
 
 /// One run's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -468,7 +468,7 @@ async fn measure(
 }
 
 /// Start `oncely-gateway serve` for this run; its address once `/readyz` says ready.
-async fn start_gateway(
+pub(crate) async fn start_gateway(
     env: &FleetEnv,
     config: &Path,
     dir: &Path,
@@ -533,13 +533,7 @@ async fn enqueue_http(addr: std::net::SocketAddr, intents: Vec<Intent>) -> anyho
         tasks.push(tokio::spawn(async move {
             let mut c = oncely_sandbox::http::Conn::connect(addr, Some(GATEWAY_TOKEN)).await?;
             for i in lane {
-                let id = &i.identity;
-                let body = serde_json::json!({"workflow_id": id.workflow_id, "step": id.step,
-                    "business_object": id.business_object, "revision": id.revision, "payload": i.payload});
-                let a = c.post(&format!("/v1/actions/{}", id.action_type.as_str()), &body, &[]).await?;
-                if a.status != 202 {
-                    anyhow::bail!("gateway answered {} {}", a.status, a.json);
-                }
+                post_intent(&mut c, &i).await?;
             }
             anyhow::Ok(())
         }));
@@ -550,8 +544,30 @@ async fn enqueue_http(addr: std::net::SocketAddr, intents: Vec<Intent>) -> anyho
     Ok(started.elapsed().as_secs_f64())
 }
 
+/// `POST /v1/actions/{type}` of one intent; the gateway must answer `202` (a new
+/// operation).
+pub(crate) async fn post_intent(
+    c: &mut oncely_sandbox::http::Conn,
+    i: &Intent,
+) -> anyhow::Result<oncely_sandbox::http::Answer> {
+    let id = &i.identity;
+    let body = serde_json::json!({"workflow_id": id.workflow_id, "step": id.step,
+        "business_object": id.business_object, "revision": id.revision, "payload": i.payload});
+    let a = c
+        .post(
+            &format!("/v1/actions/{}", id.action_type.as_str()),
+            &body,
+            &[],
+        )
+        .await?;
+    if a.status != 202 {
+        anyhow::bail!("gateway answered {} {}", a.status, a.json);
+    }
+    Ok(a)
+}
+
 /// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

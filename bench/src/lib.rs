@@ -29,6 +29,7 @@ pub mod journal;
 pub mod report;
 mod runs;
 pub mod scale;
+pub mod soak;
 pub mod sys;
 pub mod throttle;
 
@@ -167,7 +168,8 @@ pub struct BenchArgs {
     pub filled_journal: Option<String>,
     /// With --journal-rows or --filled-journal: pace the second run on both journals at
     /// RATE intents/s, instead of at half of each journal's own full-load rate — the same
-    /// offered load on both, for latencies compared like with like.
+    /// offered load on both, for latencies compared like with like. With --soak: the
+    /// soak's pace, instead of half of the full-load rate measured first.
     #[arg(long, value_name = "RATE")]
     pub paced_at: Option<f64>,
     /// With --journal-rows or --filled-journal: before the filled journal's runs, read the
@@ -204,6 +206,12 @@ pub struct BenchArgs {
     /// With --throttled: the provider's limit (requests/s).
     #[arg(long, value_name = "RATE", default_value_t = 200.0)]
     pub throttle_limit: f64,
+    /// Instead of the usual table: a soak of MINUTES through the gateway, paced at
+    /// --paced-at or at half of the full-load rate measured first, with every process's
+    /// RSS and the minute's p50/p99 printed each minute, and the slopes at the end
+    /// (docs/performance.md "Soak").
+    #[arg(long, value_name = "MINUTES", value_parser = clap::value_parser!(u32).range(2..), conflicts_with_all = ["journal_rows", "filled_journal", "dead_entries", "floor_parts", "throttled"])]
+    pub soak: Option<u32>,
     /// Also print the figures as JSON (after the table).
     #[arg(long)]
     pub json: bool,
@@ -468,6 +476,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     if args.journal_rows.is_some() || args.filled_journal.is_some() {
         return journal_at_scale(&args, env).await;
+    }
+    if let Some(minutes) = args.soak {
+        return soak::soak(&args, env, minutes).await;
     }
 
     step(

@@ -104,6 +104,8 @@ pub const GATEWAY_QUOTA_REFUSALS: &str = "oncely_gateway_quota_refusals_total";
 pub const GATEWAY_REQUESTS: &str = "oncely_gateway_requests_total";
 /// Gateway request latency, by `route` and `method`.
 pub const GATEWAY_REQUEST_SECONDS: &str = "oncely_gateway_request_seconds";
+/// Long-polls (`?wait=`, MCP `action_wait`) the gateway holds open now.
+pub const GATEWAY_LONG_POLLS_OPEN: &str = "oncely_gateway_long_polls_open";
 
 /// Latency buckets (seconds): 1 ms … 60 s.
 pub const LATENCY_BUCKETS: &[f64] = &[

@@ -49,7 +49,8 @@ pub enum Command {
         #[arg(long = "token-env", default_value = "ONCELY_GATEWAY_TOKEN")]
         token_env: String,
     },
-    /// Print the OpenAPI document of the HTTP API.
+    /// Print the OpenAPI document of the HTTP API for the config's action types (what
+    /// `/openapi.json` serves).
     Openapi,
     /// Make and hash tokens for the tokens file.
     #[command(subcommand)]
@@ -114,6 +115,9 @@ pub struct ServeArgs {
     /// Long-polls open at once, all tokens together.
     #[arg(long, default_value_t = crate::limits::Caps::default().waits)]
     pub max_waits: usize,
+    /// The longest long-poll (`?wait=`, MCP `action_wait`): a longer wait is cut to this.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub max_wait: Duration,
     /// Live MCP sessions per token; more initializations get `429 too_many_sessions`.
     #[arg(long, default_value_t = crate::limits::Caps::default().mcp_sessions_per_token)]
     pub max_mcp_sessions_per_token: usize,
@@ -170,7 +174,12 @@ pub enum TokenCommand {
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Openapi => {
-            println!("{}", serde_json::to_string_pretty(&crate::http::openapi())?);
+            let config = Config::load(cli.config.as_deref())?;
+            let types = crate::service::action_type_infos(&config);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&crate::contract::document(&types))?
+            );
             Ok(0)
         }
         Command::Token(TokenCommand::Hash) => {
@@ -291,6 +300,7 @@ async fn serve(config_path: Option<PathBuf>, args: ServeArgs) -> anyhow::Result<
             waits_per_token: args.max_waits_per_token,
             waits: args.max_waits,
             mcp_sessions_per_token: args.max_mcp_sessions_per_token,
+            max_wait: args.max_wait,
         },
     };
     let app = crate::http::api(service, &settings, desk);

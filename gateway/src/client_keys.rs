@@ -126,8 +126,3 @@ pub async fn expire(pool: &Db, ttl: Duration) -> Result<u64, sqlx::Error> {
     .await?
     .rows_affected())
 }
-
-/// Whether a header value is acceptable (visible ASCII, 1..=255).
-pub fn valid(value: &str) -> bool {
-    !value.is_empty() && value.len() <= MAX_LEN && value.bytes().all(|b| (0x21..=0x7e).contains(&b))
-}

@@ -5,7 +5,8 @@
 //! the integration tests request every documented path and method from a running
 //! gateway, so a route the document names but the router lacks fails CI.
 
-use crate::service::{ActionTypeInfo, ActionView, ApiError, Caller, Service, Submitted};
+use crate::contract;
+use crate::service::{ActionTypeInfo, ActionView, Allow, ApiError, Caller, Service, Submitted};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -115,7 +116,7 @@ pub struct ErrorDetail {
     /// Stable code: `invalid_request`, `malformed_json`, `schema_violation`, `unauthorized`,
     /// `forbidden_action_type`, `unknown_action_type`, `not_found`, `request_in_progress`,
     /// `conflict`, `idempotency_key_reused`, `payload_too_large`, `database_unavailable`,
-    /// `broker_unavailable`, `internal`.
+    /// `broker_unavailable`, `method_not_allowed`, `internal`.
     pub code: String,
     /// For people.
     pub message: String,
@@ -160,6 +161,10 @@ impl IntoResponse for ApiError {
                     r.headers_mut().insert(name, v);
                 }
             }
+        }
+        if let Some(allow) = self.allow {
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow.header()));
         }
         if status == StatusCode::UNAUTHORIZED {
             r.headers_mut()
@@ -261,6 +266,7 @@ pub fn api(
     } = settings;
     let (max_body_bytes, request_timeout) = (*max_body_bytes, *request_timeout);
     service.waits.set(caps.waits_per_token, caps.waits);
+    service.waits.set_max_wait(caps.max_wait);
     use axum::routing::get;
     // The desk's approval decisions publish through the API's producer.
     if let Some(d) = &desk {
@@ -271,7 +277,9 @@ pub fn api(
     let v1 = axum::Router::new()
         .route(
             "/v1/actions/{id}",
-            axum::routing::post(submit).get(get_action),
+            axum::routing::post(submit)
+                .get(get_action)
+                .fallback(other_method),
         )
         .route("/v1/actions/{id}/cancel", axum::routing::post(cancel))
         .route("/v1/actions/{id}/approve", axum::routing::post(approve))
@@ -283,11 +291,18 @@ pub fn api(
             authenticate_first,
         ))
         .route_layer(middleware::from_fn_with_state(
-            request_timeout,
+            (request_timeout, caps.max_wait),
             within_deadline,
         ));
+    let document = Arc::new(contract::document(&service.all_action_types()));
     let api = v1
-        .route("/openapi.json", get(|| async { Json(openapi()) }))
+        .route(
+            "/openapi.json",
+            get(move || {
+                let d = document.clone();
+                async move { Json(d) }
+            }),
+        )
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(service.clone())
         .merge(crate::mcp::router_with_config(
@@ -322,6 +337,25 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
+/// `405` with the methods `/v1/actions/{id}` has for this `id`: `POST` for an action
+/// type, `GET` for a key (as the document lists them).
+async fn other_method(State(service): State<AppState>, Path(id): Path<String>) -> ApiError {
+    if service.is_action_type(&id) {
+        wrong_method(Allow::Post)
+    } else {
+        wrong_method(Allow::GetHead)
+    }
+}
+
+fn wrong_method(allow: Allow) -> ApiError {
+    ApiError::new(
+        405,
+        "method_not_allowed",
+        format!("this resource answers {} only", allow.header()),
+    )
+    .with_allow(allow)
+}
+
 /// 401 before the body is read (the handlers' own extractors would read it first), the
 /// caller put where the [`Caller`] extractor finds it.
 async fn authenticate_first(
@@ -344,15 +378,15 @@ async fn authenticate_first(
 }
 
 /// A request must be read and answered within `timeout` — plus its `?wait=` (at most
-/// [`crate::service::MAX_WAIT`]): a client that trickles its body holds a connection and
+/// `--max-wait`): a client that trickles its body holds a connection and
 /// a task for no longer than that. `408 request_timeout`.
-async fn within_deadline(State(timeout): State<Duration>, req: Request, next: Next) -> Response {
+async fn within_deadline(
+    State((timeout, max_wait)): State<(Duration, Duration)>,
+    req: Request,
+    next: Next,
+) -> Response {
     let waits = req.uri().query().is_some_and(|q| q.contains("wait="));
-    let deadline = if waits {
-        timeout + crate::service::MAX_WAIT
-    } else {
-        timeout
-    };
+    let deadline = if waits { timeout + max_wait } else { timeout };
     match tokio::time::timeout(deadline, next.run(req)).await {
         Ok(r) => r,
         Err(_) => ApiError::new(
@@ -453,16 +487,20 @@ async fn submit(
             ApiError::new(400, "invalid_request", r.body_text())
         }
     })?;
+    if !service.is_action_type(&action_type) && contract::is_key(&action_type) {
+        return Err(wrong_method(Allow::GetHead));
+    }
     let client_key = match headers.get("idempotency-key") {
         None => None,
-        Some(v) => match v.to_str().ok().map(|s| s.trim_matches('"')) {
-            Some(s) if crate::client_keys::valid(s) => Some(s.to_owned()),
-            _ => {
+        Some(v) => match v.to_str().ok().and_then(contract::client_key) {
+            Some(s) => Some(s.to_owned()),
+            None => {
                 return Err(ApiError::new(
                     400,
                     "invalid_request",
-                    "Idempotency-Key must be 1..=255 visible ASCII characters",
-                ));
+                    "Idempotency-Key must be 1..=255 visible ASCII characters other than `\"`, bare or in double quotes",
+                )
+                .at("Idempotency-Key"));
             }
         },
     };
@@ -544,7 +582,10 @@ async fn get_action(
     RawQuery(query): RawQuery,
 ) -> Result<Json<ActionView>, ApiError> {
     let caller = caller?;
-    let wait = wait_param(query.as_deref(), service.max_wait)?;
+    if service.is_action_type(&key) {
+        return Err(wrong_method(Allow::Post));
+    }
+    let wait = wait_param(query.as_deref(), service.waits.max_wait())?;
     let view = match wait {
         None => service.status(&caller, &key).await?,
         Some(t) => service.wait(&caller, &key, t).await?,
@@ -563,6 +604,11 @@ fn wait_param(query: Option<&str>, max: Duration) -> Result<Option<Duration>, Ap
     for pair in q.split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         match k {
+            "wait" if !contract::is_wait(v) => {
+                return Err(bad(format!(
+                    "wait={v:?} is not a duration such as 30s or 1500ms (digits, then ms, s, m, h or d)"
+                )));
+            }
             "wait" => return parse_duration(v).map(|d| Some(d.min(max))).map_err(bad),
             "" => {}
             other => {
@@ -627,6 +673,7 @@ async fn cancel(
     request_body(content = Option<DecisionBody>, description = "Optional note"),
     responses(
         (status = 200, description = "`approved` (due for a worker) or `approval_recorded` (four eyes: one more person must approve)", body = crate::service::Decision),
+        (status = 400, description = "Bad body (not `{\"note\": …}` or `null`; a note over 2,000 characters)", body = ErrorAnswer),
         (status = 401, description = "No or bad token", body = ErrorAnswer),
         (status = 403, description = "`forbidden` (not an approver token) or `own_request`", body = ErrorAnswer),
         (status = 404, description = "No such operation for this tenant", body = ErrorAnswer),
@@ -652,6 +699,7 @@ async fn approve(
     request_body(content = Option<DecisionBody>, description = "Optional note"),
     responses(
         (status = 200, description = "`rejected`: never sent", body = crate::service::Decision),
+        (status = 400, description = "Bad body (not `{\"note\": …}` or `null`; a note over 2,000 characters)", body = ErrorAnswer),
         (status = 401, description = "No or bad token", body = ErrorAnswer),
         (status = 403, description = "`forbidden`: not an approver token", body = ErrorAnswer),
         (status = 404, description = "No such operation for this tenant", body = ErrorAnswer),
@@ -680,8 +728,9 @@ async fn decide(
     let body: DecisionBody = if body.iter().all(u8::is_ascii_whitespace) {
         DecisionBody::default()
     } else {
-        serde_json::from_slice(&body)
+        serde_json::from_slice::<Option<DecisionBody>>(&body)
             .map_err(|e| ApiError::new(400, "invalid_request", format!("body: {e}")))?
+            .unwrap_or_default()
     };
     if body.note.as_ref().is_some_and(|n| n.chars().count() > 2000) {
         return Err(ApiError::new(

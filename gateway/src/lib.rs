@@ -22,6 +22,7 @@
 pub mod cli;
 pub mod client_keys;
 pub mod coalesce;
+pub mod contract;
 pub mod desk;
 pub mod http;
 pub mod limits;

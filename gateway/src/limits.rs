@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 /// The caps (`serve`'s flags).
 #[derive(Debug, Clone, Copy)]
@@ -15,6 +16,8 @@ pub struct Caps {
     pub waits: usize,
     /// MCP sessions alive at once, per token.
     pub mcp_sessions_per_token: usize,
+    /// The longest long-poll (a longer `wait` is cut to it).
+    pub max_wait: Duration,
 }
 
 impl Default for Caps {
@@ -23,6 +26,7 @@ impl Default for Caps {
             waits_per_token: 200,
             waits: 2000,
             mcp_sessions_per_token: 64,
+            max_wait: Duration::from_secs(60),
         }
     }
 }
@@ -34,6 +38,8 @@ pub struct Gate {
     total: AtomicUsize,
     max_per_token: AtomicUsize,
     max_total: AtomicUsize,
+    /// Milliseconds; 0 until set (then [`Caps::default`]'s).
+    max_wait_ms: AtomicU64,
 }
 
 /// Which cap refused.
@@ -59,6 +65,20 @@ impl Gate {
         self.max_total.store(max_total, Ordering::Relaxed);
     }
 
+    /// Change the longest long-poll (at start).
+    pub fn set_max_wait(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.max_wait_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The longest long-poll.
+    pub fn max_wait(&self) -> Duration {
+        match self.max_wait_ms.load(Ordering::Relaxed) {
+            0 => Caps::default().max_wait,
+            ms => Duration::from_millis(ms),
+        }
+    }
+
     /// One more for `token`, or which cap refused. The slot is given back when the
     /// guard drops.
     pub fn enter<'g>(&'g self, token: &str) -> Result<Slot<'g>, Over> {
@@ -73,7 +93,8 @@ impl Gate {
             return Err(Over::Token(max));
         }
         *n += 1;
-        self.total.fetch_add(1, Ordering::Relaxed);
+        let open = self.total.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics::gauge!(oncely_core::metrics::GATEWAY_LONG_POLLS_OPEN).set(open as f64);
         Ok(Slot {
             gate: self,
             token: token.to_owned(),
@@ -88,7 +109,8 @@ impl Gate {
                 map.remove(token);
             }
         }
-        self.total.fetch_sub(1, Ordering::Relaxed);
+        let open = self.total.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+        metrics::gauge!(oncely_core::metrics::GATEWAY_LONG_POLLS_OPEN).set(open as f64);
     }
 
     /// Open now (for a gauge and tests).

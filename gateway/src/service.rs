@@ -142,6 +142,36 @@ pub struct ActionTypeInfo {
     pub payload_schema: Value,
 }
 
+/// The fields of a submit's body (`ActionBody`); any other is refused.
+pub const BODY_FIELDS: [&str; 7] = [
+    "workflow_id",
+    "step",
+    "business_object",
+    "revision",
+    "payload",
+    "not_before",
+    "expires_at",
+];
+
+/// Every action type of `config`, as the API and the MCP tools describe it.
+pub fn action_type_infos(config: &Config) -> Vec<ActionTypeInfo> {
+    config
+        .actions
+        .iter()
+        .map(|(name, p)| ActionTypeInfo {
+            name: name.clone(),
+            tool: tool_name(name),
+            description: p.description.clone().unwrap_or_else(|| {
+                format!(
+                    "Run the action `{name}` exactly once (provider `{}`).",
+                    p.provider
+                )
+            }),
+            payload_schema: p.payload_schema.clone().unwrap_or_else(schema::any_object),
+        })
+        .collect()
+}
+
 /// A refusal or failure, with the HTTP status and a stable code.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -160,6 +190,27 @@ pub struct ApiError {
     /// For a 429 over a quota: the quota (`RateLimit-Policy`), by scope (boxed: every
     /// other error is returned without it).
     pub quota: Option<Box<(&'static str, crate::quota::Quota)>>,
+    /// For a 405: the methods the resource has (the `Allow` header).
+    pub allow: Option<Allow>,
+}
+
+/// The methods a `/v1/actions/{id}` resource has (a `405`'s `Allow` header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allow {
+    /// An action type's path: submit.
+    Post,
+    /// A key's path: read.
+    GetHead,
+}
+
+impl Allow {
+    /// The header's value.
+    pub fn header(self) -> &'static str {
+        match self {
+            Allow::Post => "POST",
+            Allow::GetHead => "GET, HEAD",
+        }
+    }
 }
 
 impl ApiError {
@@ -173,6 +224,7 @@ impl ApiError {
             key: None,
             retry_after: None,
             quota: None,
+            allow: None,
         }
     }
 
@@ -193,7 +245,14 @@ impl ApiError {
         }
     }
 
-    fn at(mut self, field: impl Into<String>) -> Self {
+    /// A 405's `Allow` header.
+    pub fn with_allow(mut self, allow: Allow) -> Self {
+        self.allow = Some(allow);
+        self
+    }
+
+    /// With the offending field (a JSON Pointer, or a header's name).
+    pub fn at(mut self, field: impl Into<String>) -> Self {
         self.field = Some(field.into());
         self
     }
@@ -246,8 +305,6 @@ pub struct Service {
     /// Every enqueue goes through here, to be recorded with the requests beside it.
     enqueues: Coalescer<(Arc<Producer>, Intent, Asked), Answer>,
     reconnecting: AtomicBool,
-    /// Longest `wait` accepted.
-    pub max_wait: Duration,
     /// Long-polls open, per token and in total (`429 too_many_waits` beyond).
     pub waits: crate::limits::Gate,
 }
@@ -273,7 +330,6 @@ impl Service {
             producer: RwLock::new(Arc::new(producer)),
             enqueues: Coalescer::start(IN_FLIGHT, MAX_BATCH, enqueue_batch),
             reconnecting: AtomicBool::new(false),
-            max_wait: MAX_WAIT,
             waits: {
                 let caps = crate::limits::Caps::default();
                 crate::limits::Gate::new(caps.waits_per_token, caps.waits)
@@ -315,22 +371,19 @@ impl Service {
 
     /// The action types `caller` may enqueue.
     pub fn action_types(&self, caller: &Caller) -> Vec<ActionTypeInfo> {
-        self.config
-            .actions
-            .iter()
-            .filter(|(name, _)| caller.may(name))
-            .map(|(name, p)| ActionTypeInfo {
-                name: name.clone(),
-                tool: tool_name(name),
-                description: p.description.clone().unwrap_or_else(|| {
-                    format!(
-                        "Run the action `{name}` exactly once (provider `{}`).",
-                        p.provider
-                    )
-                }),
-                payload_schema: p.payload_schema.clone().unwrap_or_else(schema::any_object),
-            })
-            .collect()
+        let mut all = action_type_infos(&self.config);
+        all.retain(|t| caller.may(&t.name));
+        all
+    }
+
+    /// Every configured action type.
+    pub fn all_action_types(&self) -> Vec<ActionTypeInfo> {
+        action_type_infos(&self.config)
+    }
+
+    /// Is `name` a configured action type?
+    pub fn is_action_type(&self, name: &str) -> bool {
+        self.config.actions.contains_key(name)
     }
 
     /// Submit from typed fields (MCP).
@@ -386,6 +439,21 @@ impl Service {
                 ),
             ));
         }
+        if let Some(unknown) = body.keys().find(|k| {
+            !BODY_FIELDS.contains(&k.as_str()) && !["tenant", "action_type"].contains(&k.as_str())
+        }) {
+            let field = format!("/{unknown}");
+            return Err(ApiError::new(
+                400,
+                "invalid_request",
+                format!(
+                    "unknown field {:?} (a body has {})",
+                    unknown.chars().take(64).collect::<String>(),
+                    BODY_FIELDS.join(", ")
+                ),
+            )
+            .at(field));
+        }
         for reserved in ["tenant", "action_type"] {
             if body.contains_key(reserved) {
                 let why = if reserved == "tenant" {
@@ -406,6 +474,23 @@ impl Service {
             expires_at: time_field(&mut body, "expires_at")?,
             caller: Some(caller.token_id.clone()),
         };
+        // JSON Schema (and so the document) counts `7.0` as an integer: so does the
+        // revision, when it is one exactly (the key is derived from the integer).
+        if let Some(Value::Number(n)) = body.get("revision")
+            && let Some(f) = n
+                .as_f64()
+                .filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() < 2f64.powi(53))
+        {
+            body.insert("revision".into(), Value::from(f as i64));
+        }
+        if let Some(at) = nul_at(&Value::Object(body.clone()), "") {
+            return Err(ApiError::new(
+                400,
+                "invalid_request",
+                "text may not contain the NUL character (U+0000): the journal cannot store it",
+            )
+            .at(at));
+        }
         body.insert("action_type".into(), Value::String(action_type.to_owned()));
         body.insert("tenant".into(), Value::String(caller.tenant.clone()));
         let intent = Intent::from_json(Value::Object(body)).map_err(|e| invalid_intent(&e))?;
@@ -601,7 +686,7 @@ impl Service {
         owned(caller, op).map(|op| ActionView::of(&op))
     }
 
-    /// Wait until terminal or `timeout` (at most [`MAX_WAIT`]); the state then.
+    /// Wait until terminal or `timeout` (at most `--max-wait`); the state then.
     pub async fn wait(
         &self,
         caller: &Caller,
@@ -639,7 +724,7 @@ impl Service {
             )
         })?;
         let op = watcher
-            .wait(producer.journal(), &key, timeout.min(self.max_wait))
+            .wait(producer.journal(), &key, timeout.min(self.waits.max_wait()))
             .await
             .map_err(|e| journal_error(&e))?;
         owned(caller, op).map(|op| ActionView::of(&op))
@@ -799,6 +884,27 @@ pub async fn decision(
 
 /// An optional RFC 3339 time field of a submit body, taken out of it (it is not part of
 /// the intent: the same action asked for another time is the same action).
+/// The JSON Pointer of the first string (or object key) holding U+0000, if any.
+fn nul_at(v: &Value, at: &str) -> Option<String> {
+    let escape = |k: &str| k.replace('~', "~0").replace('/', "~1");
+    match v {
+        Value::String(s) if s.contains('\0') => Some(at.to_owned()),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| nul_at(x, &format!("{at}/{i}"))),
+        Value::Object(m) => m.iter().find_map(|(k, x)| {
+            let here = format!("{at}/{}", escape(k));
+            if k.contains('\0') {
+                Some(here)
+            } else {
+                nul_at(x, &here)
+            }
+        }),
+        _ => None,
+    }
+}
+
 fn time_field(
     body: &mut Map<String, Value>,
     name: &'static str,

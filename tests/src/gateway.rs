@@ -75,6 +75,30 @@ pub fn with_email_schema(config: &mut oncely_core::config::Config) {
     }
 }
 
+/// Tenant `acme`, may approve and reject its held actions.
+pub const TOKEN_APPROVER: TokenSpec = TokenSpec {
+    token: "token-acme-approver",
+    tenant: "acme",
+    actions: None,
+    quota: None,
+    approve: true,
+};
+
+/// A config hook: [`with_email_schema`], and every `payment_order.create` held for
+/// approval (rule `every-payment`, an hour to decide).
+pub fn with_held_payments(config: &mut oncely_core::config::Config) {
+    with_email_schema(config);
+    if let Some(p) = config.actions.get_mut("payment_order.create") {
+        p.approval = vec![oncely_core::config::ApprovalRule {
+            name: "every-payment".into(),
+            when: None,
+            first_contact: None,
+            four_eyes: None,
+            timeout: Duration::from_secs(3600),
+        }];
+    }
+}
+
 /// A running gateway.
 #[derive(Debug)]
 pub struct Gateway {

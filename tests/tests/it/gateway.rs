@@ -326,14 +326,15 @@ async fn the_api_answers_each_case_with_its_status_and_code() {
     let doc = a.get("/openapi.json").await.body;
     let mut checked = 0;
     for (path, methods) in doc["paths"].as_object().expect("paths") {
-        let concrete = path
-            .replace("{action_type}", "ticket.create")
-            .replace("{key}", &key.replace(':', "%3A"));
+        let concrete = path.replace("{key}", &key.replace(':', "%3A"));
+        // One submit path per configured action type.
+        let action = path
+            .strip_prefix("/v1/actions/")
+            .filter(|a| !a.contains('{'));
         for method in methods.as_object().expect("methods").keys() {
-            let body = if method == "post" {
-                body(20, "ticket.create").to_string().into_bytes()
-            } else {
-                Vec::new()
+            let body = match (method.as_str(), action) {
+                ("post", Some(a)) => body(20, a).to_string().into_bytes(),
+                _ => Vec::new(),
             };
             let r = a
                 .request(&method.to_uppercase(), &concrete, &[], body)
@@ -356,8 +357,13 @@ async fn the_api_answers_each_case_with_its_status_and_code() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 6);
+    assert_eq!(
+        checked, 8,
+        "action types, three submits, status, cancel, approve, reject"
+    );
     let printed = std::process::Command::new(oncely_tests::fleet::binary("oncely-gateway"))
+        .arg("--config")
+        .arg(&fleet.config_path)
         .arg("openapi")
         .output()
         .expect("openapi");

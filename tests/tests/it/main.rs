@@ -2,6 +2,7 @@
 //! real processes. Each test makes its own database and queue prefix.
 
 mod admin;
+mod api_contract;
 mod approvals_desk;
 mod cli;
 mod cluster;

@@ -1,41 +1,15 @@
 //! The Python client package (`clients/python`) runs its own tests against a real
 //! gateway with real workers, and passes `mypy --strict`.
 
-use oncely_core::config::{ApprovalRule, Config};
 use oncely_tests::fleet::{Fleet, FleetOptions};
 use oncely_tests::gateway::{
-    Gateway, TOKEN_A, TOKEN_B, TOKEN_LIMITED, TokenSpec, with_email_schema,
+    Gateway, TOKEN_A, TOKEN_APPROVER, TOKEN_B, TOKEN_LIMITED, with_held_payments,
 };
-use std::time::Duration;
-
-/// Tenant `acme`, may approve and reject its held actions.
-const TOKEN_APPROVER: TokenSpec = TokenSpec {
-    token: "token-acme-approver",
-    tenant: "acme",
-    actions: None,
-    quota: None,
-    approve: true,
-};
-
-/// The email schema, and every `payment_order.create` held for approval (the client's
-/// approve and reject tests; no other test of it sends a payment).
-fn configure(config: &mut Config) {
-    with_email_schema(config);
-    if let Some(p) = config.actions.get_mut("payment_order.create") {
-        p.approval = vec![ApprovalRule {
-            name: "every-payment".into(),
-            when: None,
-            first_contact: None,
-            four_eyes: None,
-            timeout: Duration::from_secs(3600),
-        }];
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_passes_its_tests_against_a_running_gateway() {
     let fleet = Fleet::with(FleetOptions {
-        configure: Some(configure),
+        configure: Some(with_held_payments),
         ..FleetOptions::default()
     })
     .await;
