@@ -728,9 +728,18 @@ async fn decide(
     let body: DecisionBody = if body.iter().all(u8::is_ascii_whitespace) {
         DecisionBody::default()
     } else {
-        serde_json::from_slice::<Option<DecisionBody>>(&body)
-            .map_err(|e| ApiError::new(400, "invalid_request", format!("body: {e}")))?
-            .unwrap_or_default()
+        // An object or `null`, as documented (serde would also read a struct from an
+        // array: `[]` was an approval with no note).
+        let bad = |e: String| ApiError::new(400, "invalid_request", format!("body: {e}"));
+        match serde_json::from_slice::<Value>(&body).map_err(|e| bad(e.to_string()))? {
+            Value::Null => DecisionBody::default(),
+            v @ Value::Object(_) => serde_json::from_value(v).map_err(|e| bad(e.to_string()))?,
+            _ => {
+                return Err(bad(
+                    "expected an object such as {\"note\": \"…\"}, or null".into()
+                ));
+            }
+        }
     };
     if body.note.as_ref().is_some_and(|n| n.chars().count() > 2000) {
         return Err(ApiError::new(
