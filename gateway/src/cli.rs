@@ -175,7 +175,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Openapi => {
             let config = Config::load(cli.config.as_deref())?;
-            let types = crate::service::action_type_infos(&config);
+            let types = crate::contract::action_type_infos(&config);
             println!(
                 "{}",
                 serde_json::to_string_pretty(&crate::contract::document(&types))?

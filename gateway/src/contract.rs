@@ -13,6 +13,7 @@
 //!   of the same key (stateful testing, and clients that follow links).
 
 use crate::service::ActionTypeInfo;
+use oncely_core::config::Config;
 use serde_json::{Map, Value, json};
 
 /// A key as the API spells it.
@@ -22,6 +23,47 @@ pub const WAIT_PATTERN: &str = "^[0-9]{1,9}(ms|s|m|h|d)$";
 /// `Idempotency-Key`: 1..=255 visible ASCII characters other than `"`, bare or as a
 /// structured-field string (`"…"`, the IETF draft's form).
 pub const CLIENT_KEY_PATTERN: &str = "^(\"[!#-~]{1,255}\"|[!#-~]{1,255})$";
+
+/// The fields of a submit's body (`ActionBody`, and the MCP submit tools' arguments);
+/// any other is refused.
+pub const BODY_FIELDS: [&str; 7] = [
+    "workflow_id",
+    "step",
+    "business_object",
+    "revision",
+    "payload",
+    "not_before",
+    "expires_at",
+];
+
+/// The JSON Pointer of the first string (or object key) of `body` holding U+0000, if
+/// any: Postgres stores neither in text nor in jsonb.
+pub fn nul_in(body: &Map<String, Value>) -> Option<String> {
+    nul_in_object(body, "")
+}
+
+fn nul_in_object(m: &Map<String, Value>, at: &str) -> Option<String> {
+    m.iter().find_map(|(k, x)| {
+        let here = format!("{at}/{}", k.replace('~', "~0").replace('/', "~1"));
+        if k.contains('\0') {
+            Some(here)
+        } else {
+            nul_at(x, &here)
+        }
+    })
+}
+
+fn nul_at(v: &Value, at: &str) -> Option<String> {
+    match v {
+        Value::String(s) if s.contains('\0') => Some(at.to_owned()),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| nul_at(x, &format!("{at}/{i}"))),
+        Value::Object(m) => nul_in_object(m, at),
+        _ => None,
+    }
+}
 
 /// Is `s` a `wait` value ([`WAIT_PATTERN`])?
 pub fn is_wait(s: &str) -> bool {
@@ -49,6 +91,28 @@ pub fn is_key(s: &str) -> bool {
             && h.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
+}
+
+/// Every action type of `config`, as the API and the MCP tools describe it.
+pub fn action_type_infos(config: &Config) -> Vec<ActionTypeInfo> {
+    config
+        .actions
+        .iter()
+        .map(|(name, p)| ActionTypeInfo {
+            name: name.clone(),
+            tool: crate::service::tool_name(name),
+            description: p.description.clone().unwrap_or_else(|| {
+                format!(
+                    "Run the action `{name}` exactly once (provider `{}`).",
+                    p.provider
+                )
+            }),
+            payload_schema: p
+                .payload_schema
+                .clone()
+                .unwrap_or_else(oncely_core::schema::any_object),
+        })
+        .collect()
 }
 
 /// The document for `types` (every configured action type).

@@ -587,16 +587,6 @@ fn wait_tool() -> Tool {
 
 // ---- argument parsing --------------------------------------------------------
 
-const ACTION_FIELDS: [&str; 7] = [
-    "workflow_id",
-    "step",
-    "business_object",
-    "revision",
-    "payload",
-    "not_before",
-    "expires_at",
-];
-
 fn schema_violation(field: &str, message: impl Into<String>) -> ApiError {
     let mut e = ApiError::new(400, "schema_violation", message);
     e.field = Some(field.to_owned());
@@ -622,7 +612,10 @@ fn required_str(args: &JsonObject, name: &str) -> Result<String, ApiError> {
 }
 
 fn parse_action_args(args: &JsonObject) -> Result<ActionRequest, ApiError> {
-    if let Some(extra) = args.keys().find(|k| !ACTION_FIELDS.contains(&k.as_str())) {
+    if let Some(extra) = args
+        .keys()
+        .find(|k| !crate::contract::BODY_FIELDS.contains(&k.as_str()))
+    {
         return Err(schema_violation(
             &format!("/{extra}"),
             format!(

@@ -9,7 +9,7 @@ use oncely_core::config::Config;
 use oncely_core::intent::EnvelopeError;
 use oncely_core::journal::{JournalError, Operation};
 use oncely_core::roles::Process;
-use oncely_core::schema::{self, PayloadSchemas};
+use oncely_core::schema::PayloadSchemas;
 use oncely_core::{IdempotencyKey, Intent, KeyRing, Status};
 use oncely_producer::{Asked, Enqueued, Producer, ProducerError};
 use serde::Serialize;
@@ -140,36 +140,6 @@ pub struct ActionTypeInfo {
     pub description: String,
     /// The JSON Schema of its payload.
     pub payload_schema: Value,
-}
-
-/// The fields of a submit's body (`ActionBody`); any other is refused.
-pub const BODY_FIELDS: [&str; 7] = [
-    "workflow_id",
-    "step",
-    "business_object",
-    "revision",
-    "payload",
-    "not_before",
-    "expires_at",
-];
-
-/// Every action type of `config`, as the API and the MCP tools describe it.
-pub fn action_type_infos(config: &Config) -> Vec<ActionTypeInfo> {
-    config
-        .actions
-        .iter()
-        .map(|(name, p)| ActionTypeInfo {
-            name: name.clone(),
-            tool: tool_name(name),
-            description: p.description.clone().unwrap_or_else(|| {
-                format!(
-                    "Run the action `{name}` exactly once (provider `{}`).",
-                    p.provider
-                )
-            }),
-            payload_schema: p.payload_schema.clone().unwrap_or_else(schema::any_object),
-        })
-        .collect()
 }
 
 /// A refusal or failure, with the HTTP status and a stable code.
@@ -371,14 +341,14 @@ impl Service {
 
     /// The action types `caller` may enqueue.
     pub fn action_types(&self, caller: &Caller) -> Vec<ActionTypeInfo> {
-        let mut all = action_type_infos(&self.config);
+        let mut all = crate::contract::action_type_infos(&self.config);
         all.retain(|t| caller.may(&t.name));
         all
     }
 
     /// Every configured action type.
     pub fn all_action_types(&self) -> Vec<ActionTypeInfo> {
-        action_type_infos(&self.config)
+        crate::contract::action_type_infos(&self.config)
     }
 
     /// Is `name` a configured action type?
@@ -440,7 +410,8 @@ impl Service {
             ));
         }
         if let Some(unknown) = body.keys().find(|k| {
-            !BODY_FIELDS.contains(&k.as_str()) && !["tenant", "action_type"].contains(&k.as_str())
+            !crate::contract::BODY_FIELDS.contains(&k.as_str())
+                && !["tenant", "action_type"].contains(&k.as_str())
         }) {
             let field = format!("/{unknown}");
             return Err(ApiError::new(
@@ -449,7 +420,7 @@ impl Service {
                 format!(
                     "unknown field {:?} (a body has {})",
                     unknown.chars().take(64).collect::<String>(),
-                    BODY_FIELDS.join(", ")
+                    crate::contract::BODY_FIELDS.join(", ")
                 ),
             )
             .at(field));
@@ -483,7 +454,7 @@ impl Service {
         {
             body.insert("revision".into(), Value::from(f as i64));
         }
-        if let Some(at) = nul_at(&Value::Object(body.clone()), "") {
+        if let Some(at) = crate::contract::nul_in(&body) {
             return Err(ApiError::new(
                 400,
                 "invalid_request",
@@ -884,27 +855,6 @@ pub async fn decision(
 
 /// An optional RFC 3339 time field of a submit body, taken out of it (it is not part of
 /// the intent: the same action asked for another time is the same action).
-/// The JSON Pointer of the first string (or object key) holding U+0000, if any.
-fn nul_at(v: &Value, at: &str) -> Option<String> {
-    let escape = |k: &str| k.replace('~', "~0").replace('/', "~1");
-    match v {
-        Value::String(s) if s.contains('\0') => Some(at.to_owned()),
-        Value::Array(a) => a
-            .iter()
-            .enumerate()
-            .find_map(|(i, x)| nul_at(x, &format!("{at}/{i}"))),
-        Value::Object(m) => m.iter().find_map(|(k, x)| {
-            let here = format!("{at}/{}", escape(k));
-            if k.contains('\0') {
-                Some(here)
-            } else {
-                nul_at(x, &here)
-            }
-        }),
-        _ => None,
-    }
-}
-
 fn time_field(
     body: &mut Map<String, Value>,
     name: &'static str,
